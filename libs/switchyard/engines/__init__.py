@@ -1,0 +1,1 @@
+"""Inference engines behind one protocol: `vllm` (GPU), `llamacpp` (CPU), `sim` (simulator)."""

@@ -1,0 +1,115 @@
+"""The `Engine` protocol every backend implements, and the request it runs.
+
+An `EngineRequest` is the engine-facing view of a `GenerateRequest`: the same
+messages, images, sampling and constraint, without bus concerns. Engines
+stream `Delta`s; the last one has a `finish_reason`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from switchyard.errors import SwitchyardError
+from switchyard.messages.inference import (
+    ChatMessage,
+    Constraint,
+    FinishReason,
+    GenerateRequest,
+    Image,
+    NoConstraint,
+    Sampling,
+)
+
+EngineKind = Literal["vllm", "llamacpp", "sim"]
+
+
+class EngineError(SwitchyardError):
+    """A request the engine cannot run (bad schema, too long, unknown LoRA) or a broken engine."""
+
+    code = "engine_error"
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    messages: tuple[ChatMessage, ...] | None = None
+    prompt: str | None = None
+    images: tuple[Image, ...] = ()
+    sampling: Sampling = field(default_factory=Sampling)
+    constraint: Constraint = field(default_factory=NoConstraint)
+    lora: str | None = None
+    cache_salt: str | None = None
+    deadline: float | None = None  # absolute Unix seconds
+    tenant: str = ""
+
+    @classmethod
+    def from_generate(cls, req: GenerateRequest) -> EngineRequest:
+        return cls(
+            request_id=req.id,
+            messages=tuple(req.messages) if req.messages is not None else None,
+            prompt=req.prompt,
+            images=tuple(req.images),
+            sampling=req.sampling,
+            constraint=req.constraint,
+            lora=req.lora,
+            cache_salt=req.cache_salt,
+            deadline=req.deadline,
+            tenant=req.tenant,
+        )
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New text since the previous delta, and running token counts."""
+
+    text: str
+    completion_tokens: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    kv_cache_usage: float = 0.0  # 0-1
+    waiting: int = 0
+    running: int = 0
+    prefix_queried_tokens: int = 0  # cumulative
+    prefix_hit_tokens: int = 0  # cumulative
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        if not self.prefix_queried_tokens:
+            return 0.0
+        return self.prefix_hit_tokens / self.prefix_queried_tokens
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    vision: bool
+    json_schema: bool
+    grammar: bool
+    regex: bool
+    lora: bool
+    max_context: int
+
+
+@runtime_checkable
+class Engine(Protocol):
+    kind: EngineKind
+    capabilities: Capabilities
+
+    async def start(self) -> None:
+        """Load weights; raises `EngineError` with a clear reason when it cannot."""
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
+        """Stream deltas; the last carries `finish_reason` (`abort` after `abort()`)."""
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a queued or running request; its stream ends with `finish_reason='abort'`."""
+
+    def stats(self) -> EngineStats: ...
+
+    async def close(self) -> None: ...

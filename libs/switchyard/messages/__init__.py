@@ -1,0 +1,1 @@
+"""Request and result models of both workloads, one module per concern."""

@@ -1,0 +1,85 @@
+"""Game-agent messages: a step as a cloud phone sends it, and the action contract."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints
+
+from switchyard.envelope import Envelope, Model, ShortText, UnixTime
+
+# A raw upload may be larger than the bus limit would allow for two frames;
+# the edge enforces the HTTP cap, this is the bus-level cap per frame.
+MAX_FRAME_BYTES = 3 * 1024 * 1024
+
+
+class RawFrame(Model):
+    data: bytes = Field(min_length=1, max_length=MAX_FRAME_BYTES)
+    # What the client claims; the preprocessor trusts the decoded format, not this.
+    mime: ShortText = "application/octet-stream"
+
+
+class StepOptions(Model):
+    chunk: int = Field(default=1, ge=1, le=5, description="actions per answer (action chunking)")
+    thought: bool = Field(default=False, description="allow a very short thought")
+    max_tokens: int = Field(default=48, ge=8, le=512)
+
+
+class AgentStep(Envelope):
+    """One step of an episode, on `agent.in.<tenant>`. `session` is the episode id."""
+
+    kind: Literal["agent.step"] = "agent.step"
+    frames: Annotated[list[RawFrame], Field(min_length=1, max_length=2)]
+    goal: Annotated[str, StringConstraints(max_length=2048)] = ""
+    history: Annotated[
+        list[Annotated[str, StringConstraints(max_length=512)]], Field(max_length=256)
+    ] = []
+    options: StepOptions = StepOptions()
+    stale_after: float = Field(default=2.0, gt=0, le=3600)
+    step: int = Field(default=0, ge=0)
+    frame_ts: UnixTime  # required for steps: staleness is measured from it
+
+
+class Click(Model):
+    type: Literal["click"] = "click"
+    x: int = Field(ge=0, le=16384)
+    y: int = Field(ge=0, le=16384)
+
+
+class LongPress(Model):
+    type: Literal["long_press"] = "long_press"
+    x: int = Field(ge=0, le=16384)
+    y: int = Field(ge=0, le=16384)
+    ms: int = Field(default=800, ge=1, le=10_000)
+
+
+class Swipe(Model):
+    type: Literal["swipe"] = "swipe"
+    x1: int = Field(ge=0, le=16384)
+    y1: int = Field(ge=0, le=16384)
+    x2: int = Field(ge=0, le=16384)
+    y2: int = Field(ge=0, le=16384)
+    ms: int = Field(default=300, ge=1, le=10_000)
+
+
+class TypeText(Model):
+    type: Literal["type"] = "type"
+    text: Annotated[str, StringConstraints(max_length=256)]
+
+
+class Back(Model):
+    type: Literal["back"] = "back"
+
+
+class Wait(Model):
+    type: Literal["wait"] = "wait"
+    ms: int = Field(ge=1, le=60_000)
+
+
+class Done(Model):
+    type: Literal["done"] = "done"
+
+
+Action = Annotated[
+    Click | LongPress | Swipe | TypeText | Back | Wait | Done, Field(discriminator="type")
+]

@@ -1,0 +1,210 @@
+"""Inference messages: the generate request the router schedules, its result,
+the token frames streamed to a reply inbox, and cancellation."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints, model_validator
+
+from switchyard.envelope import (
+    Envelope,
+    Model,
+    RequestId,
+    ShortText,
+    Text,
+    Token,
+    UnixTime,
+)
+from switchyard.errors import ErrorCode
+
+Workload = Literal["agent", "sql", "llm"]
+ContentHash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,64}$")]
+
+
+class TextPart(Model):
+    type: Literal["text"] = "text"
+    text: Text
+
+
+class ImagePart(Model):
+    """A reference to one of the request's images by content hash."""
+
+    type: Literal["image"] = "image"
+    hash: ContentHash
+
+
+class ChatMessage(Model):
+    role: Literal["system", "user", "assistant"]
+    content: Text | Annotated[list[TextPart | ImagePart], Field(max_length=64)]
+
+
+class Image(Model):
+    """A prepared frame: the re-encoded bytes and the hash of its pixels.
+
+    The hash is the multimodal uuid vLLM uses for its encoder and prefix caches,
+    so the same frame must always carry the same hash.
+    """
+
+    hash: ContentHash
+    data: bytes = Field(max_length=8 * 1024 * 1024)
+    mime: Literal["image/png", "image/jpeg", "image/webp"]
+    width: int = Field(ge=1, le=16384)
+    height: int = Field(ge=1, le=16384)
+
+
+class Sampling(Model):
+    max_tokens: int = Field(default=256, ge=1, le=32768)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    stop: Annotated[list[ShortText], Field(max_length=8)] = []
+
+
+class NoConstraint(Model):
+    type: Literal["none"] = "none"
+
+
+class JsonObjectConstraint(Model):
+    type: Literal["json_object"] = "json_object"
+
+
+class JsonSchemaConstraint(Model):
+    type: Literal["json_schema"] = "json_schema"
+    json_schema: dict[str, Any]
+
+
+class GrammarConstraint(Model):
+    """A GBNF grammar (llama.cpp's format; vLLM's xgrammar backend accepts it too)."""
+
+    type: Literal["grammar"] = "grammar"
+    gbnf: Annotated[str, StringConstraints(max_length=64 * 1024)]
+
+
+class RegexConstraint(Model):
+    type: Literal["regex"] = "regex"
+    pattern: Annotated[str, StringConstraints(max_length=4096)]
+
+
+Constraint = Annotated[
+    NoConstraint
+    | JsonObjectConstraint
+    | JsonSchemaConstraint
+    | GrammarConstraint
+    | RegexConstraint,
+    Field(discriminator="type"),
+]
+
+
+class ChatRequest(Envelope):
+    """An OpenAI-style chat request as the edge publishes it on `llm.in.<tenant>`."""
+
+    kind: Literal["llm.chat"] = "llm.chat"
+    model: ShortText = "default"
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=256)]
+    sampling: Sampling = Sampling()
+    constraint: Constraint = NoConstraint()
+    stream: bool = True
+
+
+class GenerateRequest(Envelope):
+    """What the router schedules from `REQ` and a worker runs from `WORK`.
+
+    Exactly one of `messages` and `prompt`. `prompt_tokens` is the producer's
+    estimate, used for admission before any tokenizer runs.
+    """
+
+    kind: Literal["generate"] = "generate"
+    workload: Workload
+    pool: Token = "default"
+    model: ShortText = "default"
+    messages: Annotated[list[ChatMessage], Field(max_length=256)] | None = None
+    prompt: Text | None = None
+    images: Annotated[list[Image], Field(max_length=4)] = []
+    sampling: Sampling = Sampling()
+    constraint: Constraint = NoConstraint()
+    lora: Token | None = None
+    cache_salt: ShortText | None = None
+    prompt_tokens: int = Field(default=0, ge=0, le=10_000_000)
+    # Agent steps: the longest a frame may wait before its action is useless.
+    stale_after: float | None = Field(default=None, gt=0, le=3600)
+    stream: bool = True
+    # Set by the router: when it admitted the request (for queue timings).
+    admitted_at: UnixTime | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> GenerateRequest:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("exactly one of messages and prompt is required")
+        return self
+
+    def frame_age(self, now: float) -> float | None:
+        return None if self.frame_ts is None else now - self.frame_ts
+
+
+class Usage(Model):
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+    cached_tokens: int = Field(default=0, ge=0)
+
+
+class Timings(Model):
+    """Seconds. `queue` is admission -> engine start; `ttft` from engine start."""
+
+    queue: float = 0.0
+    ttft: float | None = None
+    tpot: float | None = None
+    total: float = 0.0
+
+
+class ErrorInfo(Model):
+    code: ErrorCode
+    reason: Text
+    retry_after: float | None = Field(default=None, ge=0)
+
+
+ResultStatus = Literal["ok", "cancelled", "expired", "stale", "rejected", "error"]
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class GenerateResult(Envelope):
+    """The outcome of one request, on `res.<workload>.<tenant>` and as the final frame."""
+
+    kind: Literal["result"] = "result"
+    request_id: RequestId
+    workload: Workload
+    status: ResultStatus
+    text: Text = ""
+    finish_reason: FinishReason | None = None
+    usage: Usage = Usage()
+    timings: Timings = Timings()
+    worker: ShortText | None = None
+    error: ErrorInfo | None = None
+
+
+class Cancel(Envelope):
+    """Published on `cancel.<request id>` when a client goes away or gives up."""
+
+    kind: Literal["cancel"] = "cancel"
+    request_id: RequestId
+    reason: ShortText = "client"
+
+
+FrameType = Literal["delta", "end", "error"]
+
+
+class TokenFrame(Model):
+    """One frame of a token stream on a core-NATS reply inbox.
+
+    Not an envelope: frames are many and ephemeral. `seq` orders them; the
+    stream ends with exactly one `end` (carrying the result) or `error` frame.
+    """
+
+    v: int = 1
+    seq: int = Field(ge=0)
+    type: FrameType
+    text: Text = ""
+    tokens: int = Field(default=0, ge=0)
+    result: GenerateResult | None = None
+    error: ErrorInfo | None = None
+    at: UnixTime | None = None

@@ -1,0 +1,96 @@
+"""Text2SQL messages: the question, validator and executor services, stage events."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints
+
+from switchyard.envelope import Envelope, RequestId, ShortText, TenantId, Text
+from switchyard.messages.inference import ErrorInfo
+
+SqlText = Annotated[str, StringConstraints(min_length=1, max_length=64 * 1024)]
+Cell = str | int | float | bool | None
+
+
+class SqlAsk(Envelope):
+    """A tenant's question, on `sql.in.<tenant>`."""
+
+    kind: Literal["sql.ask"] = "sql.ask"
+    question: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+    database: ShortText | None = None
+    max_rows: int = Field(default=1000, ge=1, le=100_000)
+
+
+class ValidateRequest(Envelope):
+    """Request on `svc.sql.validate`: is this SQL allowed for this tenant?"""
+
+    kind: Literal["sql.validate"] = "sql.validate"
+    sql: SqlText
+    database: ShortText
+
+
+class ValidateReply(Envelope):
+    kind: Literal["sql.validated"] = "sql.validated"
+    request_id: RequestId
+    ok: bool
+    canonical_sql: SqlText | None = None
+    policy_version: ShortText | None = None
+    signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
+    checks: Annotated[list[ShortText], Field(max_length=64)] = []
+    error: ErrorInfo | None = None
+
+
+class ExecuteRequest(Envelope):
+    """Request on `svc.sql.execute` / `svc.sql.explain`: canonical SQL signed by the validator."""
+
+    kind: Literal["sql.execute"] = "sql.execute"
+    canonical_sql: SqlText
+    database: ShortText
+    policy_version: ShortText
+    signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    max_rows: int = Field(default=1000, ge=1, le=100_000)
+    explain_only: bool = False
+
+
+class ExecuteReply(Envelope):
+    kind: Literal["sql.rows"] = "sql.rows"
+    request_id: RequestId
+    ok: bool
+    columns: Annotated[list[ShortText], Field(max_length=512)] = []
+    rows: Annotated[list[list[Cell]], Field(max_length=100_000)] = []
+    truncated: bool = False
+    rows_examined: int | None = None
+    plan: list[dict[str, Any]] = []
+    duration: float = 0.0
+    error: ErrorInfo | None = None
+
+
+StageName = Literal["intent", "tables", "sql", "validation", "rows", "summary", "error", "done"]
+
+
+class StageEvent(Envelope):
+    """One stage of answering a question, streamed to the asker as it happens."""
+
+    kind: Literal["sql.stage"] = "sql.stage"
+    request_id: RequestId
+    stage: StageName
+    data: dict[str, Any] = {}
+
+
+class AuditEvent(Envelope):
+    """A decision worth keeping, on `audit.<kind>.<tenant>`. Never carries result rows."""
+
+    kind: Literal["audit"] = "audit"
+    request_id: RequestId
+    event: ShortText
+    actor: ShortText
+    verdict: ShortText | None = None
+    question: Text | None = None
+    sql: Text | None = None
+    plan: list[dict[str, Any]] = []
+    rows_scanned: int | None = None
+    rows_returned: int | None = None
+    duration: float | None = None
+    detail: dict[str, Any] = {}
+    subject_tenant: TenantId | None = None

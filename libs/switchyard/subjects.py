@@ -1,0 +1,70 @@
+"""Subject names, built in one place so no service spells one by hand."""
+
+from __future__ import annotations
+
+import re
+
+from switchyard.messages.inference import Workload
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _token(value: str, what: str) -> str:
+    if not _TOKEN.match(value):
+        raise ValueError(f"{what} {value!r} is not a valid subject token")
+    return value
+
+
+def agent_in(tenant: str) -> str:
+    return f"agent.in.{_token(tenant, 'tenant')}"
+
+
+def sql_in(tenant: str) -> str:
+    return f"sql.in.{_token(tenant, 'tenant')}"
+
+
+def llm_in(tenant: str) -> str:
+    return f"llm.in.{_token(tenant, 'tenant')}"
+
+
+def req(workload: Workload, tenant: str) -> str:
+    return f"req.{workload}.{_token(tenant, 'tenant')}"
+
+
+def work(pool: str, partition: int) -> str:
+    return f"work.{_token(pool, 'pool')}.p{partition}"
+
+
+def work_consumer(pool: str, partition: int) -> str:
+    """Durable consumer name of one WORK partition (one per partition)."""
+    return f"work-{_token(pool, 'pool')}-p{partition}"
+
+
+def res(workload: Workload, tenant: str) -> str:
+    return f"res.{workload}.{_token(tenant, 'tenant')}"
+
+
+def audit(kind: str, tenant: str) -> str:
+    return f"audit.{_token(kind, 'kind')}.{_token(tenant, 'tenant')}"
+
+
+def cancel(request_id: str) -> str:
+    return f"cancel.{_token(request_id, 'request id')}"
+
+
+def dead_letter(subject: str) -> str:
+    return f"dlq.{subject}"
+
+
+def tenant_of(subject: str) -> str:
+    """The tenant token of `<family>.<kind>.<tenant>` subjects (ingress, req, res, audit)."""
+    parts = subject.split(".")
+    if len(parts) != 3:
+        raise ValueError(f"subject {subject!r} has no tenant token")
+    return parts[2]
+
+
+SQL_VALIDATE = "svc.sql.validate"
+SQL_EXECUTE = "svc.sql.execute"
+SQL_EXPLAIN = "svc.sql.explain"
+CANCEL_ALL = "cancel.*"
