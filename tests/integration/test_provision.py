@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from switchyard.bus.connection import Bus
 from switchyard.bus.provision import ensure_bucket, ensure_stream, provision
 from switchyard.bus.topology import BucketSpec, StreamSpec, TopologySettings, build_topology

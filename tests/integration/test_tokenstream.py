@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from switchyard.bus.connection import Bus
 from switchyard.bus.tokenstream import TokenStreamReader, TokenStreamWriter
 from switchyard.errors import StreamTimeout

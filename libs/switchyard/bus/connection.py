@@ -39,7 +39,8 @@ async def connect(settings: Settings, name: str, **overrides: Any) -> Bus:
         log.warning("nats.error", error=str(exc))
 
     async def on_disconnected() -> None:
-        log.warning("nats.disconnected")
+        if not (nc.is_closed or nc.is_draining):  # our own close is not news
+            log.warning("nats.disconnected")
 
     async def on_reconnected() -> None:
         log.info("nats.reconnected", url=str(nc.connected_url.netloc if nc.connected_url else ""))

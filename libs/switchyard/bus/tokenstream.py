@@ -5,6 +5,12 @@ must survive is the final result, which also goes to `RES`. The writer numbers
 frames; the reader re-orders by `seq`, stops at the single `end` or `error`
 frame, and raises `StreamTimeout` when the stream goes silent instead of
 hanging forever on a lost end-of-stream.
+
+When a request is taken over by another worker (a higher `attempt`), the reader
+follows the new attempt and skips the text it already yielded, so a reader sees
+one continuous stream. That is exact for deterministic decoding (temperature 0
+with a seed, as agent steps run); otherwise the final `end` frame's result is
+the authoritative text.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from switchyard.messages.inference import ErrorInfo, GenerateResult, TokenFrame
 
 
 class TokenStreamWriter:
-    def __init__(self, nc: Client, inbox: str) -> None:
+    def __init__(self, nc: Client, inbox: str, *, attempt: int = 1) -> None:
         self.nc = nc
         self.inbox = inbox
+        self.attempt = attempt
         self.seq = 0
         self.closed = False
 
@@ -34,7 +41,9 @@ class TokenStreamWriter:
         if self.closed:
             raise RuntimeError("token stream already ended")
         self.seq += 1
-        await self.nc.publish(self.inbox, encode(frame))
+        await self.nc.publish(
+            self.inbox, encode(frame.model_copy(update={"attempt": self.attempt}))
+        )
 
     async def delta(self, text: str, tokens: int = 1) -> None:
         await self._send(
@@ -86,6 +95,9 @@ class TokenStreamReader:
 
     async def __aiter__(self) -> AsyncIterator[TokenFrame]:
         expected = 0
+        attempt = 0
+        yielded_chars = 0  # of delta text, across attempts
+        replayed_chars = 0  # of the current attempt's delta text
         held: dict[int, TokenFrame] = {}
         while True:
             try:
@@ -103,10 +115,20 @@ class TokenStreamReader:
                     type="error",
                     error=ErrorInfo(code=exc.code, reason=f"undecodable frame: {exc.reason}"),
                 )
+            if frame.attempt < attempt:
+                continue  # a late frame of an attempt that was taken over
+            if frame.attempt > attempt:
+                attempt, expected, replayed_chars, held = frame.attempt, 0, 0, {}
             held[frame.seq] = frame
             while expected in held:
                 ready = held.pop(expected)
                 expected += 1
+                if ready.type == "delta":
+                    start, replayed_chars = replayed_chars, replayed_chars + len(ready.text)
+                    if replayed_chars <= yielded_chars:
+                        continue  # already yielded by an earlier attempt
+                    ready = ready.model_copy(update={"text": ready.text[yielded_chars - start :]})
+                    yielded_chars = replayed_chars
                 yield ready
                 if ready.type != "delta":
                     return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from switchyard.cli import bus_commands
+from switchyard.cli import bench_commands, bus_commands, up
 
 app = typer.Typer(
     name="sy",
@@ -13,6 +13,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 bus_commands.register(app)
+up.register(app)
+bench_commands.register(app)
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -16,12 +17,13 @@ from rich.console import Console
 from rich.table import Table
 
 from switchyard import subjects
-from switchyard.bus.connection import connect
+from switchyard.bus.connection import Bus, connect
 from switchyard.bus.provision import provision as provision_topology
 from switchyard.bus.publish import publish as js_publish
 from switchyard.bus.tokenstream import TokenStreamReader
 from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.codec import ENVELOPES
+from switchyard.config import Settings
 from switchyard.envelope import Envelope
 from switchyard.errors import SwitchyardError
 from switchyard.messages.inference import GenerateRequest
@@ -38,6 +40,18 @@ NatsUrl = Annotated[
 def _settings(nats_url: str | None) -> TopologySettings:
     overrides: dict[str, Any] = {"nats_url": nats_url} if nats_url else {}
     return TopologySettings(**overrides)
+
+
+async def cli_connect(settings: Settings, name: str) -> Bus:
+    """Connect for a one-shot command: fail fast with a clear message if NATS is down."""
+    try:
+        return await connect(
+            settings, name, max_reconnect_attempts=1, allow_reconnect=False, connect_timeout=3
+        )
+    except Exception as exc:
+        raise SwitchyardError(
+            f"cannot reach NATS at {settings.nats_url}: {exc}", code="no_capacity"
+        ) from exc
 
 
 def default_subject(message: Envelope) -> str:
@@ -71,6 +85,10 @@ def load_message(text: str) -> Envelope:
         raise typer.BadParameter(str(exc)) from exc
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def nats(
@@ -82,6 +100,7 @@ def register(app: typer.Typer) -> None:
         extra = config.read_text() if config else ""
         server = EmbeddedNats(data_dir=data_dir.resolve(), port=port, extra_config=extra)
         server.start()
+        signal.signal(signal.SIGTERM, _raise_interrupt)
         console.print(f"nats-server listening on {server.url} (store {data_dir}); Ctrl-C stops it")
         try:
             assert server.proc is not None
@@ -97,7 +116,7 @@ def register(app: typer.Typer) -> None:
         settings = _settings(nats_url)
 
         async def run() -> None:
-            bus = await connect(settings, "sy-provision")
+            bus = await cli_connect(settings, "sy-provision")
             try:
                 changes = await provision_topology(bus.js, build_topology(settings))
             finally:
@@ -119,19 +138,23 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def publish(
-        file: Annotated[Path, typer.Argument(help="JSON or YAML envelope; '-' reads stdin")],
+        file: Annotated[
+            Path, typer.Argument(help="JSON or YAML envelope; '-' reads stdin", allow_dash=True)
+        ],
         subject: str | None = typer.Option(None, help="default: the kind's ingress subject"),
         wait: bool = typer.Option(True, help="stream and print the reply"),
         timeout: float = typer.Option(60.0, help="seconds of silence before giving up"),
         nats_url: NatsUrl = None,
     ) -> None:
         """Publish one envelope onto JetStream and print the streamed reply."""
+        if str(file) != "-" and not file.is_file():
+            raise typer.BadParameter(f"no such file: {file}")
         text = sys.stdin.read() if str(file) == "-" else file.read_text()
         message = load_message(text)
         target = subject or default_subject(message)
 
         async def run() -> int:
-            bus = await connect(_settings(nats_url), "sy-publish")
+            bus = await cli_connect(_settings(nats_url), "sy-publish")
             try:
                 if not wait:
                     ack = await js_publish(bus.js, target, message)
@@ -174,7 +197,7 @@ def register(app: typer.Typer) -> None:
         """List streams, their consumers with pending counts, and KV buckets."""
 
         async def run() -> None:
-            bus = await connect(_settings(nats_url), "sy-streams")
+            bus = await cli_connect(_settings(nats_url), "sy-streams")
             try:
                 infos = await bus.js.streams_info()
                 st = Table("stream", "subjects", "retention", "messages", "bytes", "consumers")
@@ -211,7 +234,11 @@ def register(app: typer.Typer) -> None:
             finally:
                 await bus.close()
 
-        asyncio.run(run())
+        try:
+            asyncio.run(run())
+        except SwitchyardError as exc:
+            err.print(f"[red]{exc.code}[/red]: {exc.reason}")
+            raise typer.Exit(1) from exc
 
     @app.command()
     def proto(

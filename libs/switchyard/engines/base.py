@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from switchyard.errors import SwitchyardError
+from switchyard.errors import ErrorCode, SwitchyardError
 from switchyard.messages.inference import (
     ChatMessage,
     Constraint,
@@ -28,7 +28,7 @@ EngineKind = Literal["vllm", "llamacpp", "sim"]
 class EngineError(SwitchyardError):
     """A request the engine cannot run (bad schema, too long, unknown LoRA) or a broken engine."""
 
-    code = "engine_error"
+    code: ErrorCode = "engine_error"
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class EngineRequest:
     cache_salt: str | None = None
     deadline: float | None = None  # absolute Unix seconds
     tenant: str = ""
+    session: str | None = None  # lets a pool of engine instances keep a session warm
 
     @classmethod
     def from_generate(cls, req: GenerateRequest) -> EngineRequest:
@@ -57,6 +58,7 @@ class EngineRequest:
             cache_salt=req.cache_salt,
             deadline=req.deadline,
             tenant=req.tenant,
+            session=req.session,
         )
 
 

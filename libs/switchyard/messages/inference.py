@@ -198,10 +198,14 @@ class TokenFrame(Model):
 
     Not an envelope: frames are many and ephemeral. `seq` orders them; the
     stream ends with exactly one `end` (carrying the result) or `error` frame.
+    `attempt` is the delivery that produced the frame: when a worker dies
+    mid-stream and another takes the request over, its frames start again at
+    seq 0 with a higher attempt.
     """
 
     v: int = 1
     seq: int = Field(ge=0)
+    attempt: int = Field(default=1, ge=1)
     type: FrameType
     text: Text = ""
     tokens: int = Field(default=0, ge=0)

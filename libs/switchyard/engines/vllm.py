@@ -1,0 +1,527 @@
+"""The production engine: vLLM's in-process `AsyncLLM` (engine v1) on one GPU.
+
+vLLM is imported lazily in `start()`, so this module loads (and its request
+mapping is testable) on machines without vLLM or a GPU.
+
+- Prompts: chat messages are rendered with the tokenizer's chat template, with
+  image parts in the OpenAI-like `{"type": "image"}` shape multimodal templates
+  read; the frames go in `multi_modal_data` in placeholder order, with their
+  content hashes as `multi_modal_uuids` so vLLM's encoder and prefix caches
+  recognise a frame they have seen. `cache_salt` keeps tenants' KV apart.
+- Sampling: `SamplingParams` with `output_kind=DELTA` and constraints as
+  `StructuredOutputsParams` (json / grammar / regex / json_object).
+- LoRA: adapter `<lora_dir>/<name>`, with an integer id derived from the name.
+- Stats: read from the Prometheus metrics vLLM's stat logger keeps in this
+  process (`vllm:kv_cache_usage_perc`, `vllm:num_requests_waiting`, ...): they
+  are vLLM's documented, stable interface, unlike its stat-logger classes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import importlib
+import inspect
+import io
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from prometheus_client import REGISTRY, CollectorRegistry
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from switchyard.config import Settings
+from switchyard.engines.base import (
+    Capabilities,
+    Delta,
+    EngineError,
+    EngineKind,
+    EngineRequest,
+    EngineStats,
+)
+from switchyard.logging import get_logger
+from switchyard.messages.inference import (
+    Constraint,
+    FinishReason,
+    GrammarConstraint,
+    Image,
+    ImagePart,
+    JsonObjectConstraint,
+    JsonSchemaConstraint,
+    RegexConstraint,
+)
+
+log = get_logger("switchyard.engines.vllm")
+
+NOT_INSTALLED = "vLLM is not installed (extra [vllm], on a GPU host)"
+_LORA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class VllmSettings(Settings):
+    """vLLM engine arguments we set (env `SY_VLLM_...`)."""
+
+    model_config = SettingsConfigDict(env_prefix="SY_VLLM_")
+
+    model: str = "Qwen/Qwen2.5-VL-7B-Instruct"
+    enable_prefix_caching: bool = True
+    # fp8 halves the KV per token: the KV cache is the capacity wall.
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "fp8"
+    max_num_seqs: int = Field(default=64, ge=1, le=4096)
+    max_num_batched_tokens: int | None = Field(default=8192, ge=1)
+    gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
+    max_model_len: int = Field(default=32_768, ge=16)
+    limit_mm_per_prompt: dict[str, int] = {"image": 2}
+    # Qwen-VL resizes frames to at most this many pixels (1280 visual tokens).
+    max_pixels: int | None = Field(default=1280 * 28 * 28, ge=28 * 28)
+    enable_lora: bool = False
+    lora_dir: Path | None = None  # adapter of tenant LoRA `name` = <lora_dir>/<name>
+    max_loras: int = Field(default=4, ge=1)
+    max_lora_rank: int = Field(default=16, ge=1)
+    # A Jinja chat template for models whose tokenizer carries none.
+    chat_template: str | None = None
+    seed: int = 0
+
+
+# ---------------------------------------------------------------------------
+# The vLLM names we use, imported on demand.
+
+
+@dataclass(frozen=True)
+class VllmApi:
+    async_llm: Any  # vllm.v1.engine.async_llm.AsyncLLM
+    engine_args: Any  # vllm.engine.arg_utils.AsyncEngineArgs
+    sampling_params: Any  # vllm.sampling_params.SamplingParams
+    structured_outputs_params: Any  # vllm.sampling_params.StructuredOutputsParams
+    output_kind: Any  # vllm.sampling_params.RequestOutputKind
+    lora_request: Any  # vllm.lora.request.LoRARequest
+
+
+def load_vllm() -> VllmApi:
+    """Import vLLM; a clear `EngineError` when it is missing."""
+    try:
+        sp = importlib.import_module("vllm.sampling_params")
+        async_llm = importlib.import_module("vllm.v1.engine.async_llm")
+        arg_utils = importlib.import_module("vllm.engine.arg_utils")
+        lora = importlib.import_module("vllm.lora.request")
+    except ImportError as e:
+        raise EngineError(f"{NOT_INSTALLED}: {e}", code="engine_error") from e
+    return VllmApi(
+        async_llm=async_llm.AsyncLLM,
+        engine_args=arg_utils.AsyncEngineArgs,
+        sampling_params=sp.SamplingParams,
+        structured_outputs_params=sp.StructuredOutputsParams,
+        output_kind=sp.RequestOutputKind,
+        lora_request=lora.LoRARequest,
+    )
+
+
+def _require_gpu() -> None:
+    try:
+        torch = importlib.import_module("torch")
+    except ImportError as e:
+        raise EngineError(f"{NOT_INSTALLED}: torch is missing", code="engine_error") from e
+    if not torch.cuda.is_available():
+        raise EngineError(
+            "no GPU: vLLM needs a CUDA/ROCm device and none is visible "
+            "(use the llamacpp or sim engine on CPU)",
+            code="engine_error",
+        )
+
+
+def engine_args_kwargs(s: VllmSettings) -> dict[str, Any]:
+    """`AsyncEngineArgs` keyword arguments from our settings."""
+    kw: dict[str, Any] = {
+        "model": s.model,
+        "enable_prefix_caching": s.enable_prefix_caching,
+        "kv_cache_dtype": s.kv_cache_dtype,
+        "max_num_seqs": s.max_num_seqs,
+        "max_num_batched_tokens": s.max_num_batched_tokens,
+        "gpu_memory_utilization": s.gpu_memory_utilization,
+        "max_model_len": s.max_model_len,
+        "limit_mm_per_prompt": dict(s.limit_mm_per_prompt),
+        "mm_processor_kwargs": {"max_pixels": s.max_pixels} if s.max_pixels else None,
+        "enable_lora": s.enable_lora,
+        "seed": s.seed,
+        # stats() reads the Prometheus metrics that only exist with stats logging on.
+        "disable_log_stats": False,
+    }
+    if s.enable_lora:
+        kw["max_loras"] = s.max_loras
+        kw["max_lora_rank"] = s.max_lora_rank
+    return kw
+
+
+# ---------------------------------------------------------------------------
+# EngineRequest -> (prompt dict, SamplingParams, LoRARequest | None): pure.
+
+
+class ChatTokenizer(Protocol):
+    """What we use of a Hugging Face tokenizer."""
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class VllmInputs:
+    prompt: dict[str, Any]  # a vllm.inputs TextPrompt
+    sampling_params: Any
+    lora_request: Any | None
+
+
+def chat_conversation(request: EngineRequest) -> tuple[list[dict[str, Any]], list[Image]]:
+    """Messages in the shape HF chat templates read, and the images in placeholder order.
+
+    An image goes where an `ImagePart` names it; images no part names go first
+    in the last user message. A part naming an image the request does not
+    carry is refused: vLLM needs pixels for every placeholder.
+    """
+    assert request.messages is not None
+    by_hash = {img.hash: img for img in request.images}
+    named = {
+        p.hash
+        for m in request.messages
+        if not isinstance(m.content, str)
+        for p in m.content
+        if isinstance(p, ImagePart)
+    }
+    loose = [img for img in request.images if img.hash not in named]
+    users = [i for i, m in enumerate(request.messages) if m.role == "user"]
+    if loose and not users:
+        raise EngineError("images need a user message to go in", code="invalid_request")
+    last_user = users[-1] if users else -1
+    conversation: list[dict[str, Any]] = []
+    ordered: list[Image] = []
+    for i, m in enumerate(request.messages):
+        parts: list[dict[str, Any]] = []
+        if i == last_user:
+            parts += [{"type": "image"} for _ in loose]
+            ordered += loose
+        if isinstance(m.content, str):
+            if not parts:
+                conversation.append({"role": m.role, "content": m.content})
+                continue
+            parts.append({"type": "text", "text": m.content})
+        else:
+            for part in m.content:
+                if isinstance(part, ImagePart):
+                    img = by_hash.get(part.hash)
+                    if img is None:
+                        raise EngineError(
+                            f"message names image {part.hash}, which the request does not carry",
+                            code="invalid_request",
+                        )
+                    parts.append({"type": "image"})
+                    ordered.append(img)
+                else:
+                    parts.append({"type": "text", "text": part.text})
+        conversation.append({"role": m.role, "content": parts})
+    return conversation, ordered
+
+
+def decode_image(image: Image) -> Any:
+    """Pixels for vLLM's multimodal processor (a PIL image, RGB)."""
+    from PIL import Image as PILImage
+
+    try:
+        with PILImage.open(io.BytesIO(image.data)) as im:
+            return im.convert("RGB")
+    except Exception as e:  # PIL raises several unrelated types for bad bytes
+        raise EngineError(
+            f"image {image.hash} could not be decoded: {e}", code="invalid_request"
+        ) from e
+
+
+def structured_outputs_kwargs(constraint: Constraint) -> dict[str, Any] | None:
+    """`StructuredOutputsParams` keyword arguments, or None when unconstrained."""
+    if isinstance(constraint, JsonSchemaConstraint):
+        return {"json": constraint.json_schema}
+    if isinstance(constraint, GrammarConstraint):
+        return {"grammar": constraint.gbnf}
+    if isinstance(constraint, RegexConstraint):
+        return {"regex": constraint.pattern}
+    if isinstance(constraint, JsonObjectConstraint):
+        return {"json_object": True}
+    return None
+
+
+def sampling_kwargs(request: EngineRequest, api: VllmApi) -> dict[str, Any]:
+    """`SamplingParams` keyword arguments: streamed as deltas, constrained if asked."""
+    sp = request.sampling
+    kw: dict[str, Any] = {
+        "max_tokens": sp.max_tokens,
+        "temperature": sp.temperature,
+        "top_p": sp.top_p,
+        "seed": sp.seed,
+        "stop": list(sp.stop) or None,
+        "output_kind": api.output_kind.DELTA,
+    }
+    so = structured_outputs_kwargs(request.constraint)
+    if so is not None:
+        kw["structured_outputs"] = api.structured_outputs_params(**so)
+    return kw
+
+
+def lora_int_id(name: str) -> int:
+    """A stable positive int id for an adapter name (vLLM keys loaded adapters by it)."""
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % (2**31 - 1) + 1
+
+
+def lora_path(name: str, s: VllmSettings) -> Path:
+    if not s.enable_lora or s.lora_dir is None:
+        raise EngineError(
+            f"LoRA {name!r} requested but LoRA is not enabled", code="invalid_request"
+        )
+    if not _LORA_NAME.fullmatch(name):
+        raise EngineError(f"bad LoRA name {name!r}", code="invalid_request")
+    path = s.lora_dir / name
+    if not path.is_dir():
+        raise EngineError(f"unknown LoRA adapter {name!r}", code="invalid_request")
+    return path
+
+
+def map_request(
+    request: EngineRequest, *, api: VllmApi, settings: VllmSettings, tokenizer: ChatTokenizer
+) -> VllmInputs:
+    """Map our request onto vLLM's inputs. Pure apart from decoding the images."""
+    if request.messages is not None:
+        conversation, images = chat_conversation(request)
+        template_kw: dict[str, Any] = {"tokenize": False, "add_generation_prompt": True}
+        if settings.chat_template:
+            template_kw["chat_template"] = settings.chat_template
+        text = tokenizer.apply_chat_template(conversation, **template_kw)
+        if not isinstance(text, str):
+            raise EngineError("the chat template did not render to text", code="engine_error")
+    else:
+        # A raw prompt must already hold the model's image placeholders.
+        text, images = request.prompt or "", list(request.images)
+    prompt: dict[str, Any] = {"prompt": text}
+    if images:
+        prompt["multi_modal_data"] = {"image": [decode_image(img) for img in images]}
+        prompt["multi_modal_uuids"] = {"image": [img.hash for img in images]}
+    if request.cache_salt and settings.enable_prefix_caching:
+        prompt["cache_salt"] = request.cache_salt
+    lora = None
+    if request.lora:
+        lora = api.lora_request(
+            lora_name=request.lora,
+            lora_int_id=lora_int_id(request.lora),
+            lora_path=str(lora_path(request.lora, settings)),
+        )
+    return VllmInputs(prompt, api.sampling_params(**sampling_kwargs(request, api)), lora)
+
+
+# ---------------------------------------------------------------------------
+# RequestOutput -> Delta, errors, metrics.
+
+_FINISH: Mapping[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def finish_reason(raw: object) -> FinishReason | None:
+    """vLLM's `CompletionOutput.finish_reason` (a string or None) in our terms."""
+    if raw is None:
+        return None
+    return _FINISH.get(str(raw).lower(), "error")
+
+
+def engine_error(e: BaseException) -> EngineError:
+    if isinstance(e, EngineError):
+        return e
+    cause = e.__cause__ if not str(e) and e.__cause__ is not None else e
+    msg = str(cause) or type(cause).__name__
+    low = msg.lower()
+    if "max_model_len" in low or "maximum model length" in low or "context length" in low:
+        return EngineError(f"vLLM: {msg}", code="context_length")
+    if isinstance(cause, ValueError | TypeError):
+        return EngineError(f"vLLM: {msg}", code="invalid_request")
+    return EngineError(f"vLLM: {msg}", code="engine_error")
+
+
+_GAUGES = {
+    "kv": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "waiting": ("vllm:num_requests_waiting",),
+    "running": ("vllm:num_requests_running",),
+}
+_COUNTERS = {
+    "queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
+    "hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
+}
+
+
+def read_vllm_metrics(registry: CollectorRegistry) -> dict[str, float]:
+    """Sum vLLM's engine gauges and counters over their label sets (engines).
+
+    `kv` is averaged instead. The first name of each tuple is current vLLM's,
+    the others are the names it had before 0.10. Missing keys: no such metric.
+    """
+    wanted = {
+        name: (key, suffix, rank)
+        for table, suffix in ((_GAUGES, ""), (_COUNTERS, "_total"))
+        for key, names in table.items()
+        for rank, name in enumerate(names)
+    }
+    found: dict[str, tuple[int, list[float]]] = {}
+    for metric in registry.collect():
+        hit = wanted.get(metric.name)
+        if hit is None:
+            continue
+        key, suffix, rank = hit
+        values = [s.value for s in metric.samples if s.name == metric.name + suffix]
+        # The current name wins over a deprecated alias, whatever the order.
+        if values and (key not in found or rank < found[key][0]):
+            found[key] = (rank, values)
+    return {k: (sum(v) / len(v) if k == "kv" else sum(v)) for k, (_, v) in found.items()}
+
+
+# ---------------------------------------------------------------------------
+# The engine.
+
+_ABORTED = object()  # queued by abort(): the stream ends with finish_reason "abort"
+_END = object()  # the vLLM stream ended
+
+
+@dataclass(eq=False)
+class _InFlight:
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    aborted: bool = False
+    pump: asyncio.Task[None] | None = None
+
+
+class VllmEngine:
+    """vLLM's `AsyncLLM` behind our `Engine` protocol (kind ``"vllm"``)."""
+
+    kind: EngineKind = "vllm"
+
+    def __init__(
+        self, settings: VllmSettings | None = None, *, metrics: CollectorRegistry | None = None
+    ) -> None:
+        self.settings = s = settings or VllmSettings()
+        self.capabilities = Capabilities(
+            vision=True,
+            json_schema=True,
+            grammar=True,
+            regex=True,
+            lora=s.enable_lora,
+            max_context=s.max_model_len,
+        )
+        self._metrics = metrics if metrics is not None else REGISTRY
+        self._api: VllmApi | None = None
+        self._llm: Any = None
+        self._tokenizer: ChatTokenizer | None = None
+        self._inflight: dict[str, _InFlight] = {}
+
+    async def start(self) -> None:
+        if self._llm is not None:
+            return
+        api = load_vllm()
+        _require_gpu()
+        s = self.settings
+        args = api.engine_args(**engine_args_kwargs(s))
+        try:
+            # Loads the weights and profiles memory: minutes, on the event loop
+            # as vLLM's own server does (its engine client binds to this loop).
+            llm = api.async_llm.from_engine_args(args)
+        except Exception as e:
+            raise EngineError(f"vLLM could not start {s.model}: {e}", code="engine_error") from e
+        # get_tokenizer() is a coroutine in vLLM <= 0.11 and a plain method later.
+        tokenizer = llm.get_tokenizer()
+        if inspect.isawaitable(tokenizer):
+            tokenizer = await tokenizer
+        self._api, self._llm, self._tokenizer = api, llm, tokenizer
+        log.info("vllm engine started", engine="vllm", model=s.model)
+
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[Delta, None]:
+        if self._llm is None or self._api is None or self._tokenizer is None:
+            raise EngineError("the vllm engine is not started", code="engine_error")
+        rid = request.request_id
+        if rid in self._inflight:
+            raise EngineError(f"request {rid} is already running", code="invalid_request")
+        state = self._inflight[rid] = _InFlight()
+        try:
+            # Chat templating and image decoding are CPU work: keep them off the loop.
+            inputs = await asyncio.to_thread(
+                map_request,
+                request,
+                api=self._api,
+                settings=self.settings,
+                tokenizer=self._tokenizer,
+            )
+            if state.aborted:
+                yield Delta(text="", completion_tokens=0, finish_reason="abort")
+                return
+            state.pump = asyncio.create_task(self._pump(rid, inputs, state.queue))
+            async for delta in self._deltas(state.queue):
+                yield delta
+        finally:
+            self._inflight.pop(rid, None)
+            if state.pump is not None and not state.pump.done():
+                # Cancelling vLLM's generate() makes it abort the request itself.
+                state.pump.cancel()
+
+    async def _pump(self, rid: str, inputs: VllmInputs, queue: asyncio.Queue[Any]) -> None:
+        try:
+            async for out in self._llm.generate(
+                inputs.prompt, inputs.sampling_params, rid, lora_request=inputs.lora_request
+            ):
+                queue.put_nowait(out)
+        except Exception as e:
+            queue.put_nowait(e)
+        finally:
+            queue.put_nowait(_END)
+
+    @staticmethod
+    async def _deltas(queue: asyncio.Queue[Any]) -> AsyncIterator[Delta]:
+        completion = prompt_tokens = cached = 0
+        while True:
+            item = await queue.get()
+            if item is _ABORTED:
+                yield Delta("", completion, prompt_tokens, cached, finish_reason="abort")
+                return
+            if item is _END:
+                raise EngineError("vLLM ended a stream without a finish reason")
+            if isinstance(item, BaseException):
+                raise engine_error(item) from item
+            prompt_tokens = len(item.prompt_token_ids or ()) or prompt_tokens
+            cached = getattr(item, "num_cached_tokens", None) or cached
+            out = item.outputs[0] if item.outputs else None
+            completion += len(out.token_ids) if out is not None else 0
+            reason = finish_reason(out.finish_reason) if out is not None else None
+            if item.finished and reason is None:
+                reason = "stop"
+            yield Delta(
+                out.text if out is not None else "", completion, prompt_tokens, cached, reason
+            )
+            if reason is not None:
+                return
+
+    async def abort(self, request_id: str) -> None:
+        state = self._inflight.get(request_id)
+        if state is not None:
+            state.aborted = True
+            state.queue.put_nowait(_ABORTED)
+        if self._llm is not None:
+            await self._llm.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        m = read_vllm_metrics(self._metrics)
+        return EngineStats(
+            kv_cache_usage=m.get("kv", 0.0),
+            waiting=int(m.get("waiting", 0)),
+            # Before vLLM's first scheduler stats arrive, count what we sent it.
+            running=int(m["running"]) if "running" in m else len(self._inflight),
+            prefix_queried_tokens=int(m.get("queries", 0)),
+            prefix_hit_tokens=int(m.get("hits", 0)),
+        )
+
+    async def close(self) -> None:
+        for rid in list(self._inflight):
+            await self.abort(rid)
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            with contextlib.suppress(Exception):
+                llm.shutdown()
+            log.info("vllm engine closed", engine="vllm")

@@ -1,0 +1,1 @@
+"""The Switchyard services: one package per process, each run as `python -m services.<name>`."""

@@ -1,0 +1,1 @@
+"""Auditor: writes audit events to the append-only audit table."""

@@ -1,0 +1,1 @@
+"""HTTP edge: authenticates clients, publishes their requests and streams replies back."""

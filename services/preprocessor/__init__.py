@@ -1,0 +1,1 @@
+"""Preprocessor: decodes and validates agent frames and chat requests into generate requests."""

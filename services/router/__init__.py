@@ -1,0 +1,1 @@
+"""Router: admission, fair scheduling and placement of generate requests onto worker partitions."""

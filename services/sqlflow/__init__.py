@@ -1,0 +1,1 @@
+"""SQL flow: turns a question into validated, executed SQL and a summary (Text2SQL)."""

@@ -1,0 +1,1 @@
+"""SQL validator: parses, checks and signs canonical SQL for a tenant (request/reply)."""

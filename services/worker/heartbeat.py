@@ -1,0 +1,80 @@
+"""Heartbeats to KV `fleet_workers`: the router's view of this worker's health and load.
+
+The bucket's TTL expires a dead worker's entry; the router then moves its partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+from nats.js import JetStreamContext
+
+from services.worker import metrics
+from services.worker.settings import WorkerSettings
+from switchyard.codec import encode
+from switchyard.engines.base import Engine
+from switchyard.logging import get_logger
+from switchyard.messages.fleet import WorkerHeartbeat
+
+log = get_logger(__name__)
+
+WORKERS = "fleet_workers"
+
+
+def snapshot(
+    settings: WorkerSettings, engine: Engine, partitions: list[int], queued: int, draining: bool
+) -> WorkerHeartbeat:
+    stats = engine.stats()
+    for gauge, value in (
+        (metrics.KV_USAGE, stats.kv_cache_usage),
+        (metrics.RUNNING, stats.running),
+        (metrics.WAITING, stats.waiting),
+        (metrics.PREFIX_HIT, stats.prefix_hit_rate),
+    ):
+        gauge.labels(engine.kind).set(value)
+    return WorkerHeartbeat(
+        worker=settings.worker_id,
+        pool=settings.pool,
+        engine=engine.kind,
+        at=time.time(),
+        partitions=partitions,
+        slots=_slots(settings, engine),
+        running=stats.running,
+        waiting=stats.waiting,
+        queued=queued,
+        kv_cache_usage=min(1.0, max(0.0, stats.kv_cache_usage)),
+        prefix_hit_rate=min(1.0, max(0.0, stats.prefix_hit_rate)),
+        draining=draining,
+    )
+
+
+def _slots(settings: WorkerSettings, engine: Engine) -> int:
+    """Sequences the engine runs at once: llama.cpp instances, or the batch cap."""
+    batch = getattr(engine, "max_num_seqs", None)
+    return int(batch) if isinstance(batch, int) and batch > 0 else settings.engine_instances
+
+
+async def beat(
+    js: JetStreamContext,
+    settings: WorkerSettings,
+    engine: Engine,
+    state: Callable[[], tuple[list[int], int, bool]],
+    stop: asyncio.Event,
+) -> None:
+    """Put a heartbeat every interval until `stop`, then delete ours (a clean exit)."""
+    kv = await js.key_value(WORKERS)
+    while not stop.is_set():
+        partitions, queued, draining = state()
+        try:
+            await kv.put(
+                settings.worker_id, encode(snapshot(settings, engine, partitions, queued, draining))
+            )
+        except Exception as exc:  # NATS hiccup: the next beat retries; TTL covers a long outage
+            log.warning("worker.heartbeat_failed", error=str(exc))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), settings.heartbeat_interval)
+    with contextlib.suppress(Exception):
+        await kv.delete(settings.worker_id)

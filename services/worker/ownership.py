@@ -1,0 +1,166 @@
+"""Which WORK partitions this worker serves, and one pull loop per owned partition.
+
+In `kv` mode the router decides: the worker watches KV `fleet_assignments`
+(keys `<pool>.p<k>`) and binds to exactly the partitions assigned to it,
+unbinding (with a drain) those moved away. In `static` mode it owns the
+partitions from its settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from services.worker import metrics
+from services.worker.settings import WorkerSettings
+from switchyard import subjects
+from switchyard.bus.consumer import PullLoop, RetryPolicy
+from switchyard.codec import decode
+from switchyard.errors import DecodeError
+from switchyard.logging import get_logger
+from switchyard.messages.fleet import Assignment
+
+log = get_logger(__name__)
+
+ASSIGNMENTS = "fleet_assignments"
+
+
+def assignment_key(pool: str, partition: int) -> str:
+    return f"{pool}.p{partition}"
+
+
+class Ownership:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        settings: WorkerSettings,
+        handler: Callable[[Msg], Awaitable[None]],
+    ) -> None:
+        self.js = js
+        self.s = settings
+        self.handler = handler
+        self.loops: dict[int, tuple[PullLoop, asyncio.Task[None]]] = {}
+        self._failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self.loops)
+
+    def inflight(self) -> int:
+        return sum(loop.inflight for loop, _ in self.loops.values())
+
+    def _bind(self, partition: int) -> None:
+        if partition in self.loops:
+            return
+        loop = PullLoop(
+            self.js,
+            "WORK",
+            subjects.work_consumer(self.s.pool, partition),
+            self.handler,
+            retry=RetryPolicy(max_deliver=self.s.max_attempts + 1),
+            ack_wait=self.s.work_ack_wait,
+            max_inflight=self.s.credit,
+            drain_timeout=self.s.drain_timeout,
+        )
+        task = asyncio.create_task(loop.run())
+        task.add_done_callback(self._check_loop)
+        self.loops[partition] = (loop, task)
+        metrics.PARTITIONS.set(len(self.loops))
+        log.info("worker.bound", partition=partition)
+
+    def _check_loop(self, task: asyncio.Task[None]) -> None:
+        """A pull loop that dies (consumer missing, ...) takes the worker down loudly."""
+        if task.cancelled() or task.exception() is None or self._failure.done():
+            return
+        self._failure.set_exception(task.exception())  # type: ignore[arg-type]
+
+    async def _until(self, stop: asyncio.Event) -> None:
+        """Wait for `stop`, or raise the first pull-loop failure."""
+        stopping = asyncio.ensure_future(stop.wait())
+        waiting: set[asyncio.Future[Any]] = {stopping, self._failure}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if self._failure.done():
+            self._failure.result()
+
+    async def _unbind(self, partition: int) -> None:
+        entry = self.loops.pop(partition, None)
+        if entry is None:
+            return
+        loop, task = entry
+        loop.stop()
+        with contextlib.suppress(Exception):
+            await task  # a failed loop already raised through `_until`
+        metrics.PARTITIONS.set(len(self.loops))
+        log.info("worker.unbound", partition=partition)
+
+    async def set_owned(self, wanted: set[int]) -> None:
+        for p in sorted(set(self.loops) - wanted):
+            await self._unbind(p)
+        for p in sorted(wanted - set(self.loops)):
+            self._bind(p)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow the assignment until `stop`; then drain every partition."""
+        try:
+            if self.s.assignment == "static":
+                owned = set(self.s.partitions_owned) or set(range(self.s.partitions))
+                await self.set_owned(owned)
+                await self._until(stop)
+            else:
+                await self._follow_kv(stop)
+        finally:
+            await asyncio.gather(*(self._unbind(p) for p in list(self.loops)))
+
+    async def _follow_kv(self, stop: asyncio.Event) -> None:
+        kv = await self.js.key_value(ASSIGNMENTS)
+        await self.set_owned(await self._assigned(kv))
+        watcher = await kv.watch(f"{self.s.pool}.>")
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                update = asyncio.create_task(watcher.updates(timeout=5))  # type: ignore[no-untyped-call]
+                waiting: set[asyncio.Future[Any]] = {update, stopping, self._failure}
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if self._failure.done():
+                    update.cancel()
+                    self._failure.result()
+                if stopping in done:
+                    update.cancel()
+                    with contextlib.suppress(BaseException):
+                        await update
+                    break
+                with contextlib.suppress(Exception):
+                    update.result()
+                # Re-read the whole assignment: cheap (<= a few hundred keys), and
+                # immune to missed or reordered watch events.
+                await self.set_owned(await self._assigned(kv))
+        finally:
+            stopping.cancel()
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def _assigned(self, kv: KeyValue) -> set[int]:
+        mine: set[int] = set()
+        for p in range(self.s.partitions):
+            try:
+                entry = await kv.get(assignment_key(self.s.pool, p))
+            except KeyNotFoundError:
+                continue
+            if entry.value is None:
+                continue
+            try:
+                assignment = decode(entry.value, Assignment)
+            except DecodeError as exc:
+                log.warning("worker.bad_assignment", partition=p, reason=exc.reason)
+                continue
+            if assignment.worker == self.s.worker_id:
+                mine.add(p)
+        return mine

@@ -1,0 +1,179 @@
+"""Runs one `GenerateRequest` on the engine and answers it exactly once.
+
+The answer goes to `RES` first (deduplicated by `res-<request id>`, so a
+redelivered request that an earlier attempt already answered is not answered
+again), then as the end frame of the token stream, then the WORK message is
+acked by the pull loop. A request whose deadline passed or whose frame is stale
+is answered without touching the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from services.worker import metrics
+from switchyard import subjects
+from switchyard.bus.publish import publish
+from switchyard.bus.tokenstream import TokenStreamWriter
+from switchyard.engines.base import Engine, EngineRequest
+from switchyard.errors import ErrorCode, SwitchyardError
+from switchyard.logging import bind_request, get_logger
+from switchyard.messages.inference import (
+    ErrorInfo,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    ResultStatus,
+    Timings,
+    Usage,
+)
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Outcome:
+    status: ResultStatus
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)
+    error: ErrorInfo | None = None
+
+
+class Runner:
+    def __init__(self, nc: Client, js: JetStreamContext, engine: Engine, worker_id: str) -> None:
+        self.nc = nc
+        self.js = js
+        self.engine = engine
+        self.worker_id = worker_id
+        self.running: set[str] = set()
+        self.cancelled: dict[str, float] = {}  # request id -> when the cancel arrived
+
+    async def cancel(self, request_id: str) -> None:
+        self.cancelled[request_id] = time.time()
+        cutoff = time.time() - 600  # a cancel older than any queue wait is forgotten
+        for rid in [r for r, at in self.cancelled.items() if at < cutoff]:
+            del self.cancelled[rid]
+        if request_id in self.running:
+            await self.engine.abort(request_id)
+
+    async def handle(self, req: GenerateRequest, attempt: int = 1) -> None:
+        with bind_request(req.id, req.tenant, req.trace):
+            writer = TokenStreamWriter(self.nc, req.reply, attempt=attempt) if req.reply else None
+            outcome = await self._run(req, writer)
+            result = GenerateResult(
+                tenant=req.tenant,
+                session=req.session,
+                frame_ts=req.frame_ts,
+                trace=req.trace,
+                request_id=req.id,
+                workload=req.workload,
+                status=outcome.status,
+                text=outcome.text,
+                finish_reason=outcome.finish_reason,
+                usage=outcome.usage,
+                timings=outcome.timings,
+                worker=self.worker_id,
+                error=outcome.error,
+            )
+            ack = await publish(
+                self.js, subjects.res(req.workload, req.tenant), result, msg_id=f"res-{req.id}"
+            )
+            metrics.RESULTS.labels(outcome.status).inc()
+            if ack.duplicate:
+                log.info("worker.already_answered", attempt=attempt)
+                return
+            if writer is not None:
+                if outcome.status == "error" and outcome.error is not None:
+                    await writer.error(outcome.error)
+                else:
+                    await writer.end(result)
+            log.info(
+                "worker.done",
+                status=outcome.status,
+                tokens=outcome.usage.completion_tokens,
+                total=round(outcome.timings.total, 4),
+            )
+
+    async def _run(self, req: GenerateRequest, writer: TokenStreamWriter | None) -> Outcome:
+        now = time.time()
+        since = req.admitted_at or req.created_at
+        if req.id in self.cancelled:
+            return _refusal("cancelled", "cancelled", "cancelled before it started", since, now)
+        if req.expired(now):
+            late = now - (req.deadline or now)
+            return _refusal("expired", "expired", f"deadline passed {late:.3f}s ago", since, now)
+        age = req.frame_age(now)
+        if req.stale_after is not None and age is not None and age > req.stale_after:
+            return _refusal(
+                "stale", "stale", f"frame is {age:.3f}s old, budget {req.stale_after:.3f}s",
+                since, now,
+            )  # fmt: skip
+        started = time.time()
+        metrics.QUEUE.labels(self.engine.kind).observe(max(0.0, started - since))
+        first: float | None = None
+        last = started
+        text: list[str] = []
+        usage = Usage()
+        finish: FinishReason | None = None
+        self.running.add(req.id)
+        try:
+            async for delta in self.engine.generate(EngineRequest.from_generate(req)):
+                last = time.time()
+                if delta.text:
+                    first = first or last
+                    text.append(delta.text)
+                    if writer is not None and req.stream:
+                        await writer.delta(delta.text, delta.completion_tokens)
+                usage = Usage(
+                    prompt_tokens=delta.prompt_tokens or usage.prompt_tokens,
+                    completion_tokens=delta.completion_tokens,
+                    cached_tokens=delta.cached_tokens or usage.cached_tokens,
+                )
+                finish = delta.finish_reason or finish
+        except SwitchyardError as exc:
+            log.warning("worker.engine_refused", code=exc.code, reason=exc.reason)
+            status: ResultStatus = "expired" if exc.code == "expired" else "error"
+            return _refusal(status, exc.code, exc.reason, since, time.time())
+        finally:
+            self.running.discard(req.id)
+        timings = _timings(since, started, first, last, usage.completion_tokens)
+        if timings.ttft is not None:
+            metrics.TTFT.labels(self.engine.kind).observe(timings.ttft)
+        if timings.tpot is not None:
+            metrics.TPOT.labels(self.engine.kind).observe(timings.tpot)
+        metrics.TOKENS_IN.labels(req.tenant).inc(usage.prompt_tokens)
+        metrics.TOKENS_OUT.labels(req.tenant).inc(usage.completion_tokens)
+        if finish == "abort":
+            reason = "cancelled" if req.id in self.cancelled else "aborted"
+            return Outcome(
+                "cancelled" if reason == "cancelled" else "expired",
+                "".join(text), finish, usage, timings,
+                ErrorInfo(code="cancelled" if reason == "cancelled" else "expired", reason=reason),
+            )  # fmt: skip
+        return Outcome("ok", "".join(text), finish, usage, timings)
+
+
+def _refusal(
+    status: ResultStatus, code: ErrorCode, reason: str, since: float, now: float
+) -> Outcome:
+    return Outcome(
+        status,
+        finish_reason="abort" if status in ("cancelled", "expired", "stale") else "error",
+        timings=Timings(queue=max(0.0, now - since), total=max(0.0, now - since)),
+        error=ErrorInfo(code=code, reason=reason),
+    )
+
+
+def _timings(since: float, started: float, first: float | None, last: float, n: int) -> Timings:
+    return Timings(
+        queue=max(0.0, started - since),
+        ttft=None if first is None else first - started,
+        tpot=None if first is None or n < 2 else (last - first) / (n - 1),
+        total=max(0.0, last - since),
+    )

@@ -1,0 +1,56 @@
+"""The worker process: engine, owned partitions, cancels, heartbeats, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from nats.aio.msg import Msg
+
+from services.worker.heartbeat import beat
+from services.worker.ownership import Ownership
+from services.worker.runner import Runner
+from services.worker.settings import WorkerSettings
+from switchyard import subjects
+from switchyard.bus.connection import Bus
+from switchyard.codec import decode
+from switchyard.engines.factory import make_engine
+from switchyard.logging import get_logger
+from switchyard.messages.inference import GenerateRequest
+
+log = get_logger(__name__)
+
+
+async def run_worker(bus: Bus, stop: asyncio.Event, settings: WorkerSettings) -> None:
+    engine = make_engine(settings.engine, instances=settings.engine_instances)
+    await engine.start()
+    runner = Runner(bus.nc, bus.js, engine, settings.worker_id)
+
+    async def on_work(msg: Msg) -> None:
+        req = decode(msg.data, GenerateRequest, max_bytes=settings.max_message_bytes)
+        await runner.handle(req, attempt=msg.metadata.num_delivered)
+
+    async def on_cancel(msg: Msg) -> None:
+        request_id = msg.subject.split(".", 1)[1]
+        await runner.cancel(request_id)
+
+    cancels = await bus.nc.subscribe(subjects.CANCEL_ALL, cb=on_cancel)
+    ownership = Ownership(bus.js, settings, on_work)
+    beat_stop = asyncio.Event()
+    heartbeat = asyncio.create_task(
+        beat(
+            bus.js, settings, engine,
+            lambda: (ownership.partitions, ownership.inflight(), stop.is_set()),
+            beat_stop,
+        )
+    )  # fmt: skip
+    log.info("worker.ready", engine=engine.kind, pool=settings.pool, mode=settings.assignment)
+    try:
+        await ownership.run(stop)  # returns after SIGTERM, once in-flight work drained
+    finally:
+        beat_stop.set()
+        with contextlib.suppress(Exception):
+            await heartbeat
+        with contextlib.suppress(Exception):
+            await cancels.unsubscribe()
+        await engine.close()

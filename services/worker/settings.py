@@ -1,0 +1,35 @@
+"""Worker settings: env `SY_WORKER_ID`, `SY_POOL`, `SY_ENGINE`, ... plus the shared `SY_*`."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Literal
+
+from pydantic import Field
+
+from switchyard.config import Settings
+
+
+def _default_id() -> str:
+    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())
+    return f"{host[:40]}-{os.getpid()}"
+
+
+class WorkerSettings(Settings):
+    worker_id: str = Field(default_factory=_default_id, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    pool: str = Field(default="llm", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    engine: Literal["vllm", "llamacpp", "sim"] = "llamacpp"
+    # One-sequence engines (llama.cpp) run this many instances side by side.
+    engine_instances: int = Field(default=1, ge=1, le=64)
+    # "kv": follow the router's assignments in KV `fleet_assignments`;
+    # "static": own `partitions_owned` (all partitions when empty), for a fleet without a router.
+    assignment: Literal["kv", "static"] = "kv"
+    partitions_owned: list[int] = []
+    # Messages pulled per partition before the first is acked (late binding keeps it small).
+    credit: int = Field(default=4, ge=1, le=256)
+    heartbeat_interval: float = Field(default=2.0, gt=0)
+    drain_timeout: float = Field(default=30.0, gt=0)
+    # Attempts before a failing request is dead-lettered (the consumer's max_deliver - 1).
+    max_attempts: int = Field(default=5, ge=1)
+    work_ack_wait: float = Field(default=30.0, gt=0)
