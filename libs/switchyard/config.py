@@ -1,4 +1,17 @@
-"""Settings: one pydantic-settings class per service, env prefix `SY_`.
+"""Settings: pydantic-settings classes read from the environment.
+
+Two bases, for two kinds of settings:
+
+- `Settings` (env prefix `SY_`): what a *service process* needs - the fleet-wide
+  fields every service shares (NATS, partitions, metrics, logging, `SY_ENV`)
+  plus the service's own. Subclass it once per service (`WorkerSettings`,
+  `TopologySettings`, ...), and pass it to `run_service`.
+- `SectionSettings` (no fields): a *settings group of one component* that lives
+  inside a service, under its own prefix (`SY_SIM_`, `SY_LLAMACPP_`,
+  `SY_VLLM_`). Subclass it for engines and other pluggable parts, so they do
+  not inherit the fleet-wide fields: `SY_SIM_NATS_URL` means nothing and must
+  not look like a setting. A component that needs a fleet-wide value gets it
+  from its service's `Settings`, not from a copy of the field.
 
 Secrets never have working defaults outside local development: a `SecretStr`
 field that still holds a placeholder (or is empty) is refused unless
@@ -16,7 +29,7 @@ PLACEHOLDER_SECRETS = frozenset({"", "changeme", "change-me", "secret", "dev", "
 
 
 class Settings(BaseSettings):
-    """Base of every service's settings."""
+    """Base of every service's settings: the fleet-wide fields, env prefix `SY_`."""
 
     model_config = SettingsConfigDict(
         env_prefix="SY_",
@@ -58,3 +71,31 @@ class Settings(BaseSettings):
             opts["user"] = self.nats_user
             opts["password"] = self.nats_password.get_secret_value() if self.nats_password else None
         return opts
+
+
+class SectionSettings(BaseSettings):
+    """Base of one component's settings group, under its own env prefix (`SY_<PART>_`).
+
+    No fields: a section holds only its component's knobs, never the fleet-wide
+    ones of `Settings`. Subclasses must set `model_config = SettingsConfigDict(
+    env_prefix="SY_<PART>_")`; a missing prefix would read bare variable names
+    (`MODEL`, `SEED`), so it is refused at class creation. Sections have no
+    `env`, so the placeholder-secret check of `Settings` does not run on them:
+    keep secrets in a service's `Settings`.
+    """
+
+    model_config = SettingsConfigDict(
+        env_nested_delimiter="__",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        prefix = cls.model_config.get("env_prefix") or ""
+        if not (prefix.startswith("SY_") and prefix.endswith("_") and prefix != "SY_"):
+            raise TypeError(
+                f"{cls.__name__}: a SectionSettings needs its own env prefix "
+                f"'SY_<PART>_', got {prefix!r}"
+            )

@@ -10,26 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
 from services.worker import metrics
 from services.worker.settings import WorkerSettings
 from switchyard import subjects
-from switchyard.bus.consumer import PullLoop, RetryPolicy
+from switchyard.bus.consumer import GiveUp, PullLoop, RetryPolicy
 from switchyard.codec import decode
 from switchyard.errors import DecodeError
 from switchyard.logging import get_logger
-from switchyard.messages.fleet import Assignment
+from switchyard.messages.fleet import Assignment, WorkerHeartbeat
 
 log = get_logger(__name__)
 
 ASSIGNMENTS = "fleet_assignments"
+HEARTBEATS = "fleet_workers"
 
 
 def assignment_key(pool: str, partition: int) -> str:
@@ -42,10 +44,12 @@ class Ownership:
         js: JetStreamContext,
         settings: WorkerSettings,
         handler: Callable[[Msg], Awaitable[None]],
+        on_give_up: GiveUp | None = None,
     ) -> None:
         self.js = js
         self.s = settings
         self.handler = handler
+        self.on_give_up = on_give_up
         self.loops: dict[int, tuple[PullLoop, asyncio.Task[None]]] = {}
         self._failure: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -68,6 +72,8 @@ class Ownership:
             ack_wait=self.s.work_ack_wait,
             max_inflight=self.s.credit,
             drain_timeout=self.s.drain_timeout,
+            fetch_timeout=self.s.fetch_timeout,
+            on_give_up=self.on_give_up,
         )
         task = asyncio.create_task(loop.run())
         task.add_done_callback(self._check_loop)
@@ -102,10 +108,42 @@ class Ownership:
         log.info("worker.unbound", partition=partition)
 
     async def set_owned(self, wanted: set[int]) -> None:
-        for p in sorted(set(self.loops) - wanted):
-            await self._unbind(p)
-        for p in sorted(wanted - set(self.loops)):
+        gone = sorted(set(self.loops) - wanted)
+        await asyncio.gather(*(self._unbind(p) for p in gone))
+        new = wanted - set(self.loops)
+        if new and self.s.assignment == "kv":
+            new = await self._handed_over(new)
+        for p in sorted(new):
             self._bind(p)
+
+    async def _handed_over(self, partitions: set[int]) -> set[int]:
+        """Wait until no other live worker still pulls these partitions.
+
+        The router moves a partition by rewriting its owner; the old owner stops
+        pulling when it sees that, and says so in its next heartbeat. Binding
+        before then would let two workers serve one partition, splitting its
+        sessions (and their prefix caches) between them.
+        """
+        kv = await self.js.key_value(HEARTBEATS)
+        deadline = time.monotonic() + self.s.handoff_timeout
+        while time.monotonic() < deadline:
+            claimed: set[int] = set()
+            now = time.time()
+            with contextlib.suppress(NoKeysError):
+                for key in await kv.keys():
+                    if key == self.s.worker_id:
+                        continue
+                    with contextlib.suppress(KeyNotFoundError, DecodeError):
+                        entry = await kv.get(key)
+                        beat = decode(entry.value or b"", WorkerHeartbeat)
+                        fresh = now - beat.at < 3 * self.s.heartbeat_interval
+                        if beat.pool == self.s.pool and fresh:
+                            claimed |= set(beat.partitions) & partitions
+            if not claimed:
+                return partitions
+            await asyncio.sleep(self.s.heartbeat_interval / 2)
+        log.warning("worker.handoff_timeout", partitions=sorted(partitions))
+        return partitions
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the assignment until `stop`; then drain every partition."""

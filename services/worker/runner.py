@@ -9,6 +9,7 @@ is answered without touching the engine.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -16,8 +17,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from services.worker import metrics
-from switchyard import subjects
-from switchyard.bus.publish import publish
+from switchyard.answers import answer, result_for
 from switchyard.bus.tokenstream import TokenStreamWriter
 from switchyard.engines.base import Engine, EngineRequest
 from switchyard.errors import ErrorCode, SwitchyardError
@@ -26,7 +26,6 @@ from switchyard.messages.inference import (
     ErrorInfo,
     FinishReason,
     GenerateRequest,
-    GenerateResult,
     ResultStatus,
     Timings,
     Usage,
@@ -66,33 +65,20 @@ class Runner:
         with bind_request(req.id, req.tenant, req.trace):
             writer = TokenStreamWriter(self.nc, req.reply, attempt=attempt) if req.reply else None
             outcome = await self._run(req, writer)
-            result = GenerateResult(
-                tenant=req.tenant,
-                session=req.session,
-                frame_ts=req.frame_ts,
-                trace=req.trace,
-                request_id=req.id,
-                workload=req.workload,
-                status=outcome.status,
+            result = result_for(
+                req,
+                outcome.status,
+                outcome.error,
                 text=outcome.text,
                 finish_reason=outcome.finish_reason,
                 usage=outcome.usage,
                 timings=outcome.timings,
                 worker=self.worker_id,
-                error=outcome.error,
-            )
-            ack = await publish(
-                self.js, subjects.res(req.workload, req.tenant), result, msg_id=f"res-{req.id}"
             )
             metrics.RESULTS.labels(outcome.status).inc()
-            if ack.duplicate:
+            if not await answer(self.nc, self.js, req, result, writer):
                 log.info("worker.already_answered", attempt=attempt)
                 return
-            if writer is not None:
-                if outcome.status == "error" and outcome.error is not None:
-                    await writer.error(outcome.error)
-                else:
-                    await writer.end(result)
             log.info(
                 "worker.done",
                 status=outcome.status,
@@ -122,6 +108,15 @@ class Runner:
         usage = Usage()
         finish: FinishReason | None = None
         self.running.add(req.id)
+        # The engine stops at the deadline whether or not it checks deadlines itself.
+        remaining = req.remaining()
+        watchdog = (
+            asyncio.get_running_loop().call_later(
+                max(0.0, remaining), lambda: asyncio.ensure_future(self.engine.abort(req.id))
+            )
+            if remaining is not None
+            else None
+        )
         try:
             async for delta in self.engine.generate(EngineRequest.from_generate(req)):
                 last = time.time()
@@ -142,6 +137,8 @@ class Runner:
             return _refusal(status, exc.code, exc.reason, since, time.time())
         finally:
             self.running.discard(req.id)
+            if watchdog is not None:
+                watchdog.cancel()
         timings = _timings(since, started, first, last, usage.completion_tokens)
         if timings.ttft is not None:
             metrics.TTFT.labels(self.engine.kind).observe(timings.ttft)

@@ -12,11 +12,13 @@ from services.worker.ownership import Ownership
 from services.worker.runner import Runner
 from services.worker.settings import WorkerSettings
 from switchyard import subjects
+from switchyard.answers import answer, result_for
 from switchyard.bus.connection import Bus
 from switchyard.codec import decode
 from switchyard.engines.factory import make_engine
+from switchyard.errors import DecodeError, ErrorCode
 from switchyard.logging import get_logger
-from switchyard.messages.inference import GenerateRequest
+from switchyard.messages.inference import ErrorInfo, GenerateRequest
 
 log = get_logger(__name__)
 
@@ -30,12 +32,20 @@ async def run_worker(bus: Bus, stop: asyncio.Event, settings: WorkerSettings) ->
         req = decode(msg.data, GenerateRequest, max_bytes=settings.max_message_bytes)
         await runner.handle(req, attempt=msg.metadata.num_delivered)
 
+    async def on_give_up(msg: Msg, code: ErrorCode, reason: str) -> None:
+        """A request dead-lettered after its last attempt still gets an answer."""
+        with contextlib.suppress(DecodeError):
+            req = decode(msg.data, GenerateRequest, max_bytes=settings.max_message_bytes)
+            await answer(
+                bus.nc, bus.js, req, result_for(req, "error", ErrorInfo(code=code, reason=reason))
+            )
+
     async def on_cancel(msg: Msg) -> None:
         request_id = msg.subject.split(".", 1)[1]
         await runner.cancel(request_id)
 
     cancels = await bus.nc.subscribe(subjects.CANCEL_ALL, cb=on_cancel)
-    ownership = Ownership(bus.js, settings, on_work)
+    ownership = Ownership(bus.js, settings, on_work, on_give_up)
     beat_stop = asyncio.Event()
     heartbeat = asyncio.create_task(
         beat(

@@ -26,10 +26,16 @@ from tests.conftest import REPO
 
 
 async def provision_pool(
-    js: JetStreamContext, pool: str, partitions: int = 4, ack_wait: float = 30.0
+    js: JetStreamContext,
+    pool: str,
+    partitions: int = 4,
+    ack_wait: float = 30.0,
+    req_ack_wait: float = 30.0,
 ) -> None:
     """The shared streams plus WORK consumers of a pool private to one test."""
-    topo = TopologySettings(partitions=partitions, pools=[pool], work_ack_wait=ack_wait)
+    topo = TopologySettings(
+        partitions=partitions, pools=[pool], work_ack_wait=ack_wait, req_ack_wait=req_ack_wait
+    )
     await provision(js, build_topology(topo))
 
 
@@ -40,7 +46,8 @@ def work_subject(req: GenerateRequest, partitions: int = 4) -> str:
 
 @contextlib.asynccontextmanager
 async def worker_in_process(nats_url: str, **overrides: Any) -> AsyncIterator[WorkerSettings]:
-    settings = WorkerSettings(nats_url=nats_url, assignment="static", partitions=4, **overrides)
+    overrides = {"assignment": "static", "partitions": 4, **overrides}
+    settings = WorkerSettings(nats_url=nats_url, **overrides)
     bus = await connect(settings, f"test-{settings.worker_id}")
     stop = asyncio.Event()
     task = asyncio.create_task(run_worker(bus, stop, settings))
@@ -57,9 +64,16 @@ async def worker_in_process(nats_url: str, **overrides: Any) -> AsyncIterator[Wo
 
 @contextlib.contextmanager
 def worker_process(nats_url: str, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    with service_process("worker", nats_url, **env) as proc:
+        yield proc
+
+
+@contextlib.contextmanager
+def service_process(name: str, nats_url: str, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m services.<name>` with `SY_*` overrides; terminated (or killed) on exit."""
     full = {**os.environ, "PYTHONPATH": str(REPO), "SY_NATS_URL": nats_url, **env}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.worker"],
+        [sys.executable, "-m", f"services.{name}"],
         cwd=REPO, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -78,4 +92,31 @@ async def ask(bus: Bus, req: GenerateRequest, *, timeout: float = 60.0) -> list[
     """Publish `req` straight to its WORK partition and collect its token stream."""
     async with TokenStreamReader(bus.nc, idle_timeout=timeout) as reader:
         await publish(bus.js, work_subject(req), req.model_copy(update={"reply": reader.inbox}))
+        return [frame async for frame in reader]
+
+
+@contextlib.asynccontextmanager
+async def router_in_process(nats_url: str, **overrides: Any) -> AsyncIterator[Any]:
+    from services.router.router import Router
+    from services.router.service import load_policies
+    from services.router.settings import RouterSettings
+
+    settings = RouterSettings(nats_url=nats_url, **overrides)
+    bus = await connect(settings, "test-router")
+    stop = asyncio.Event()
+    router = Router(bus, settings, load_policies(settings))
+    task = asyncio.create_task(router.run(stop))
+    try:
+        yield router
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await bus.close()
+
+
+async def submit(bus: Bus, req: GenerateRequest, *, timeout: float = 60.0) -> list[TokenFrame]:
+    """Publish `req` on `req.<workload>.<tenant>` (through the router) and collect its stream."""
+    async with TokenStreamReader(bus.nc, idle_timeout=timeout) as reader:
+        sent = req.model_copy(update={"reply": reader.inbox})
+        await publish(bus.js, subjects.req(req.workload, req.tenant), sent)
         return [frame async for frame in reader]

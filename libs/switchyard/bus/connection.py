@@ -50,6 +50,9 @@ async def connect(settings: Settings, name: str, **overrides: Any) -> Bus:
         "reconnect_time_wait": 0.5,
         "max_reconnect_attempts": -1,
         "connect_timeout": 5,
+        # Drain waits for in-flight callbacks; a pull fetch cancelled mid-way never
+        # completes, so do not let shutdown hang on it for nats-py's default 30 s.
+        "drain_timeout": 5,
         "error_cb": on_error,
         "disconnected_cb": on_disconnected,
         "reconnected_cb": on_reconnected,

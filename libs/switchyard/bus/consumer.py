@@ -31,6 +31,8 @@ from switchyard.messages.deadletter import DeadLetter
 log = get_logger(__name__)
 
 Handler = Callable[[Msg], Awaitable[None]]
+# Called after a message is dead-lettered, so its requester can be told why.
+GiveUp = Callable[[Msg, ErrorCode, str], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class PullLoop:
         max_inflight: int = 1,
         fetch_timeout: float = 1.0,
         drain_timeout: float = 30.0,
+        on_give_up: GiveUp | None = None,
     ) -> None:
         self.js = js
         self.stream = stream
@@ -97,6 +100,7 @@ class PullLoop:
         self.max_inflight = max_inflight
         self.fetch_timeout = fetch_timeout
         self.drain_timeout = drain_timeout
+        self.on_give_up = on_give_up
         self._inflight: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -151,20 +155,13 @@ class PullLoop:
         try:
             delivered = msg.metadata.num_delivered
             if delivered >= self.retry.max_deliver:
-                await dead_letter(
-                    self.js,
-                    msg,
-                    code="internal",
-                    reason=f"gave up after {delivered - 1} unsuccessful deliveries",
-                    consumer=self.durable,
-                )
+                reason = f"gave up after {delivered - 1} unsuccessful deliveries"
+                await self._give_up(msg, "internal", reason)
                 return
             try:
                 await self.handler(msg)
             except DecodeError as exc:
-                await dead_letter(
-                    self.js, msg, code=exc.code, reason=exc.reason, consumer=self.durable
-                )
+                await self._give_up(msg, exc.code, exc.reason)
                 return
             except asyncio.CancelledError:
                 # Drain ran out of time: hand the message back for another consumer.
@@ -174,13 +171,8 @@ class PullLoop:
             except Exception as exc:
                 code: ErrorCode = exc.code if isinstance(exc, SwitchyardError) else "internal"
                 if delivered + 1 >= self.retry.max_deliver:
-                    await dead_letter(
-                        self.js,
-                        msg,
-                        code=code,
-                        reason=f"failed {delivered} time(s); last error: {exc!r}",
-                        consumer=self.durable,
-                    )
+                    reason = f"failed {delivered} time(s); last error: {exc!r}"
+                    await self._give_up(msg, code, reason)
                 else:
                     delay = self.retry.delay(delivered)
                     log.warning("bus.retry", consumer=self.durable, error=repr(exc), delay=delay)
@@ -192,6 +184,14 @@ class PullLoop:
             keepalive.cancel()
             self._free += 1
             self._wake.set()
+
+    async def _give_up(self, msg: Msg, code: ErrorCode, reason: str) -> None:
+        await dead_letter(self.js, msg, code=code, reason=reason, consumer=self.durable)
+        if self.on_give_up is not None:
+            try:
+                await self.on_give_up(msg, code, reason)
+            except Exception as exc:  # the dead letter is stored; telling the caller is best effort
+                log.warning("bus.give_up_hook_failed", error=repr(exc))
 
     async def _keep_alive(self, msg: Msg) -> None:
         while True:

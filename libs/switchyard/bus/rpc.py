@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -52,14 +53,17 @@ async def serve(
     handler: Callable[[Req], Awaitable[BaseModel]],
     *,
     queue: str,
+    concurrency: int = 1,
 ) -> Subscription:
     """Answer `subject` with `handler`, in a queue group so replicas share the load.
 
     A request that does not decode, or a handler that raises, is answered with an
-    `ErrorInfo` (header `Sy-Error`), never left to time out.
+    `ErrorInfo` (header `Sy-Error`), never left to time out. With `concurrency` > 1
+    up to that many requests are handled at once (nats-py otherwise runs one
+    subscription's callbacks one after another).
     """
 
-    async def on_message(msg: Msg) -> None:
+    async def answer(msg: Msg) -> None:
         try:
             req = decode(msg.data, request_model)
             reply: BaseModel = await handler(req)
@@ -73,5 +77,22 @@ async def serve(
         if msg.reply:
             with contextlib.suppress(Exception):
                 await nc.publish(msg.reply, encode(reply), headers=headers)
+
+    if concurrency <= 1:
+        return await nc.subscribe(subject, queue=queue, cb=answer)
+    slots = asyncio.Semaphore(concurrency)
+    running: set[asyncio.Task[None]] = set()
+
+    async def answer_in_slot(msg: Msg) -> None:
+        try:
+            await answer(msg)
+        finally:
+            slots.release()
+
+    async def on_message(msg: Msg) -> None:
+        await slots.acquire()  # beyond `concurrency`, messages wait in the subscription
+        task = asyncio.create_task(answer_in_slot(msg))
+        running.add(task)
+        task.add_done_callback(running.discard)
 
     return await nc.subscribe(subject, queue=queue, cb=on_message)

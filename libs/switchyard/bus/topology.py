@@ -72,6 +72,8 @@ class TopologySettings(Settings):
     idempotency_ttl: float = Field(default=DAY, gt=0)
     pools: list[str] = ["agent", "sql", "llm"]
     work_ack_wait: float = Field(default=30.0, gt=0)
+    # How long a crashed router's queued requests wait before another router gets them.
+    req_ack_wait: float = Field(default=30.0, gt=0)
     work_credit: int = Field(default=4, ge=1, le=256)
     max_attempts: int = Field(default=5, ge=1, le=100)
     storage: Literal["file", "memory"] = "file"
@@ -140,7 +142,7 @@ def build_topology(s: TopologySettings) -> Topology:
     )
     deliver = s.max_attempts + 1
     consumers: list[ConsumerSpec] = [
-        ConsumerSpec("REQ", ROUTER_DURABLE, "req.>", 30.0, deliver, 100_000),
+        ConsumerSpec("REQ", ROUTER_DURABLE, "req.>", s.req_ack_wait, deliver, 100_000),
         ConsumerSpec("AUDIT", "auditor", "audit.>", 30.0, deliver, 1000),
     ]
     for pool in s.pools:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, cast
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from switchyard.config import Settings
+from switchyard.config import SectionSettings
 from switchyard.engines.base import (
     Capabilities,
     Delta,
@@ -73,7 +73,7 @@ _LOG_WARN, _LOG_ERROR = 3, 4
 log = logging.getLogger(__name__)
 
 
-class LlamaCppSettings(Settings):
+class LlamaCppSettings(SectionSettings):
     """The CPU engine (env `SY_LLAMACPP_...`)."""
 
     model_config = SettingsConfigDict(env_prefix="SY_LLAMACPP_")

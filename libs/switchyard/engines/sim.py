@@ -21,6 +21,14 @@ Time model (virtual seconds; the wall clock follows it times `delay_scale`):
 
 Every request's modelled timings are kept (see `SimEngine.timings`) so tests
 and load tools can read exact, noise-free numbers instead of wall-clock ones.
+
+This module holds the engine, its settings and its timing record; the parts it
+is built from live beside it:
+
+- `sim_tokens`: the pseudo-tokenizer, visual-token counts, prompt rendering;
+- `prefix_cache`: the KV block pool with chained block hashes and LRU eviction;
+- `sim_output`: the planned output of a request (shape, stop strings);
+- `schema_instance`: a small valid instance of a JSON schema.
 """
 
 from __future__ import annotations
@@ -28,20 +36,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import math
 import random
-import re
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from switchyard.config import Settings
+from switchyard.config import SectionSettings
 from switchyard.engines.base import (
     Capabilities,
     Delta,
@@ -50,23 +56,22 @@ from switchyard.engines.base import (
     EngineRequest,
     EngineStats,
 )
+from switchyard.engines.prefix_cache import BlockCache, block_hashes
+from switchyard.engines.sim_output import CONSTRAINED_PLACEHOLDER, SimOutput, plan_output
+from switchyard.engines.sim_tokens import pseudo_tokens, render_prompt
 from switchyard.logging import get_logger
-from switchyard.messages.inference import (
-    FinishReason,
-    GrammarConstraint,
-    Image,
-    ImagePart,
-    JsonObjectConstraint,
-    JsonSchemaConstraint,
-    RegexConstraint,
-)
+from switchyard.messages.inference import FinishReason
+
+# Re-exported: tests and tools import these from here.
+__all__ = [
+    "CONSTRAINED_PLACEHOLDER",
+    "SimEngine",
+    "SimSettings",
+    "SimTimings",
+    "pseudo_tokens",
+]
 
 log = get_logger("switchyard.engines.sim")
-
-# What grammar- and regex-constrained requests get: the simulator cannot sample
-# from an arbitrary GBNF grammar or regex, so it answers this fixed text (its
-# token count is what matters for timing). Callers must not validate it.
-CONSTRAINED_PLACEHOLDER = "sim constrained output"
 
 # ---------------------------------------------------------------------------
 # Calibration of the defaults: Qwen2.5-VL-7B-class model, one A100, vLLM.
@@ -103,7 +108,7 @@ CONSTRAINED_PLACEHOLDER = "sim constrained output"
 # ---------------------------------------------------------------------------
 
 
-class SimSettings(Settings):
+class SimSettings(SectionSettings):
     """The simulator's knobs (env `SY_SIM_...`); durations are seconds."""
 
     model_config = SettingsConfigDict(env_prefix="SY_SIM_")
@@ -148,393 +153,6 @@ class SimTimings:
 
 
 # ---------------------------------------------------------------------------
-# Pseudo-tokenizer: deterministic, roughly 4 characters per token for English.
-# Joining the pieces gives back the text exactly, so output pieces can stream.
-
-_TOKEN_RE = re.compile(r"\s*(?:[A-Za-z]{1,6}|\d{1,3}|[^\sA-Za-z\d])|\s+")
-
-
-def pseudo_tokens(text: str) -> list[str]:
-    return _TOKEN_RE.findall(text)
-
-
-_WORDS = (
-    "the", "agent", "taps", "the", "button", "then", "waits", "for", "the", "screen",
-    "to", "load", "and", "checks", "score", "menu", "level", "next", "ok", "done",
-)  # fmt: skip
-
-
-# ---------------------------------------------------------------------------
-# Prefix cache: a block pool of `num_blocks`, full prompt blocks keyed by
-# chained hashes (vLLM's scheme), evictable blocks in LRU order.
-
-
-class _BlockCache:
-    def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        self._ref: dict[bytes, int] = {}  # cached block hash -> sequences holding it
-        self._lru: OrderedDict[bytes, None] = OrderedDict()  # ref 0 blocks, oldest first
-        self.private = 0  # unhashed blocks held by running sequences
-        self.evicted = 0
-
-    @property
-    def used(self) -> int:
-        """Blocks pinned by running sequences."""
-        return len(self._ref) - len(self._lru) + self.private
-
-    def match(self, hashes: Sequence[bytes]) -> int:
-        """How many leading blocks are cached (the longest chain present)."""
-        n = 0
-        for h in hashes:
-            if h not in self._ref:
-                break
-            n += 1
-        return n
-
-    def can_acquire(self, hits: Sequence[bytes], new_blocks: int) -> bool:
-        revived = sum(1 for h in hits if h in self._lru)
-        return self.used + revived + new_blocks <= self.num_blocks
-
-    def acquire(self, hits: Sequence[bytes], new_blocks: int) -> None:
-        for h in hits:
-            self._pin(h)
-        self.private += new_blocks
-        self._evict()
-
-    def commit(self, hashes: Iterable[bytes]) -> int:
-        """Turn private blocks whose prefill finished into cached, pinned blocks."""
-        n = 0
-        for h in hashes:
-            if h in self._ref:
-                self._pin(h)  # computed concurrently by another sequence: share it
-            else:
-                self._ref[h] = 1
-            n += 1
-        self.private -= n
-        return n
-
-    def release(self, pinned: Sequence[bytes], private: int) -> None:
-        # Reversed, like vLLM: a prompt's tail becomes older than its head in
-        # the LRU, so shared prefixes are the last to go.
-        for h in reversed(pinned):
-            left = self._ref[h] - 1
-            self._ref[h] = left
-            if left == 0:
-                self._lru[h] = None
-        self.private -= private
-
-    def _pin(self, h: bytes) -> None:
-        if self._ref[h] == 0:
-            del self._lru[h]
-        self._ref[h] += 1
-
-    def _evict(self) -> None:
-        while len(self._ref) + self.private > self.num_blocks and self._lru:
-            h, _ = self._lru.popitem(last=False)
-            del self._ref[h]
-            self.evicted += 1
-
-
-def block_hashes(
-    tokens: Sequence[str], block_size: int, *, salt: str | None, lora: str | None
-) -> list[bytes]:
-    """Chained hashes of the full blocks: hash(parent, block tokens).
-
-    The salt and the LoRA adapter enter the first block (as vLLM's extra keys
-    do), so requests with different salts or adapters never share a block.
-    """
-    out: list[bytes] = []
-    parent = hashlib.blake2b(
-        f"sim\x1e{salt or ''}\x1e{lora or ''}".encode(), digest_size=16
-    ).digest()
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        block = "\x1f".join(tokens[start : start + block_size]).encode()
-        parent = hashlib.blake2b(parent + block, digest_size=16).digest()
-        out.append(parent)
-    return out
-
-
-# ---------------------------------------------------------------------------
-# Outputs of the requested shape.
-
-
-def _unsatisfiable(reason: str) -> EngineError:
-    return EngineError(f"JSON schema: {reason}", code="invalid_request")
-
-
-class _InstanceBuilder:
-    """Builds a small instance of a JSON schema, choosing among options with `rng`.
-
-    Covers what agent action schemas use: objects (required properties plus
-    any property with a `const`, so `oneOf` branches stay distinguishable),
-    enum/const, integer/number bounds, strings (length, common formats),
-    booleans, arrays (one item unless minItems says more), anyOf/oneOf/allOf
-    and local `$ref`s. String `pattern`s are not honoured.
-    """
-
-    MAX_DEPTH = 32
-
-    def __init__(self, root: Mapping[str, Any], rng: random.Random) -> None:
-        self._root = root
-        self._rng = rng
-
-    def build(self, schema: Any, depth: int = 0) -> Any:
-        if depth > self.MAX_DEPTH:
-            raise _unsatisfiable(f"nested deeper than {self.MAX_DEPTH}")
-        if schema is True:
-            return None
-        if schema is False or not isinstance(schema, Mapping):
-            raise _unsatisfiable("a subschema admits no value")
-        s = self._resolve(schema)
-        if "const" in s:
-            return s["const"]
-        if "enum" in s:
-            options = list(s["enum"])
-            if not options:
-                raise _unsatisfiable("empty enum")
-            return self._rng.choice(options)
-        for key in ("oneOf", "anyOf"):
-            if key in s:
-                branches = list(s[key])
-                if not branches:
-                    raise _unsatisfiable(f"empty {key}")
-                rest = {k: v for k, v in s.items() if k != key}
-                return self.build(
-                    _merge(rest, self._resolve(self._rng.choice(branches))), depth + 1
-                )
-        kind = _schema_type(s)
-        if kind == "object":
-            return self._object(s, depth)
-        if kind == "array":
-            return self._array(s, depth)
-        if kind == "string":
-            return self._string(s)
-        if kind == "integer":
-            return self._integer(s)
-        if kind == "number":
-            return self._number(s)
-        if kind == "boolean":
-            return self._rng.random() < 0.5
-        return None
-
-    def _resolve(self, schema: Mapping[str, Any]) -> dict[str, Any]:
-        s = dict(schema)
-        for _ in range(64):
-            if "$ref" in s:
-                target = self._pointer(s.pop("$ref"))
-                s = _merge(target, s)
-            elif "allOf" in s:
-                parts = s.pop("allOf")
-                for part in parts:
-                    if not isinstance(part, Mapping):
-                        raise _unsatisfiable("allOf holds a non-object subschema")
-                    s = _merge(s, part)
-            else:
-                return s
-        raise _unsatisfiable("$ref/allOf chain too long (a cycle?)")
-
-    def _pointer(self, ref: Any) -> Mapping[str, Any]:
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise _unsatisfiable(f"only local $ref is supported, got {ref!r}")
-        node: Any = self._root
-        for raw in filter(None, ref[1:].split("/")):
-            part = raw.replace("~1", "/").replace("~0", "~")
-            if not isinstance(node, Mapping) or part not in node:
-                raise _unsatisfiable(f"$ref {ref!r} points nowhere")
-            node = node[part]
-        if not isinstance(node, Mapping):
-            raise _unsatisfiable(f"$ref {ref!r} is not a schema object")
-        return node
-
-    def _object(self, s: Mapping[str, Any], depth: int) -> dict[str, Any]:
-        props: Mapping[str, Any] = s.get("properties") or {}
-        keys = list(dict.fromkeys(s.get("required") or []))
-        keys += [k for k, sub in props.items() if k not in keys and self._is_fixed(sub)]
-        for k in props:
-            if len(keys) >= int(s.get("minProperties", 0)):
-                break
-            if k not in keys:
-                keys.append(k)
-        extra = s.get("additionalProperties", True)
-        out: dict[str, Any] = {}
-        for k in keys:
-            sub = props.get(k, extra if isinstance(extra, Mapping) else True)
-            out[k] = self.build(sub, depth + 1)
-        return out
-
-    def _is_fixed(self, sub: Any) -> bool:
-        if not isinstance(sub, Mapping):
-            return False
-        r = self._resolve(sub)
-        return "const" in r or len(r.get("enum") or ()) == 1
-
-    def _array(self, s: Mapping[str, Any], depth: int) -> list[Any]:
-        prefix = list(s.get("prefixItems") or [])
-        items = s.get("items", True)
-        if isinstance(items, list):  # draft-4 tuple form
-            prefix, items = items, s.get("additionalItems", True)
-        n = max(int(s.get("minItems", 0)), len(prefix) or 1)
-        if s.get("maxItems") is not None:
-            n = min(n, int(s["maxItems"]))
-        out: list[Any] = []
-        for i in range(n):
-            if i < len(prefix):
-                out.append(self.build(prefix[i], depth + 1))
-            elif items is False:
-                break
-            else:
-                out.append(self.build(items, depth + 1))
-        if s.get("uniqueItems") and len(out) > 1:
-            out = self._distinct(out, items, n, depth)
-        return out
-
-    def _distinct(self, out: list[Any], items: Any, n: int, depth: int) -> list[Any]:
-        seen: list[Any] = []
-        for value in out:
-            for _ in range(16):
-                if value not in seen:
-                    break
-                value = self.build(items, depth + 1)
-            if value not in seen:
-                seen.append(value)
-        return seen if len(seen) >= n else out
-
-    def _string(self, s: Mapping[str, Any]) -> str:
-        text = _FORMATS.get(str(s.get("format")), "") or self._rng.choice(_WORDS)
-        min_len, max_len = int(s.get("minLength", 0)), s.get("maxLength")
-        if len(text) < min_len:
-            text += "x" * (min_len - len(text))
-        if max_len is not None:
-            text = text[: int(max_len)]
-        return text
-
-    def _bounds(self, s: Mapping[str, Any], step: float) -> tuple[float, float]:
-        lo: float | None = s.get("minimum")
-        hi: float | None = s.get("maximum")
-        xlo, xhi = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
-        if xlo is True and lo is not None:  # draft-4 boolean form
-            lo += step
-        elif isinstance(xlo, int | float) and not isinstance(xlo, bool):
-            lo = max(lo, xlo + step) if lo is not None else xlo + step
-        if xhi is True and hi is not None:
-            hi -= step
-        elif isinstance(xhi, int | float) and not isinstance(xhi, bool):
-            hi = min(hi, xhi - step) if hi is not None else xhi - step
-        if lo is None and hi is None:
-            lo, hi = 0, 100
-        elif lo is None:
-            lo = hi - 100  # type: ignore[operator]
-        elif hi is None:
-            hi = lo + 100
-        assert lo is not None and hi is not None
-        if lo > hi:
-            raise _unsatisfiable(f"no number in [{lo}, {hi}]")
-        return lo, hi
-
-    def _integer(self, s: Mapping[str, Any]) -> int:
-        lo, hi = self._bounds(s, 1)
-        ilo, ihi = math.ceil(lo), math.floor(hi)
-        mult = s.get("multipleOf")
-        if isinstance(mult, int) and mult > 0:
-            klo, khi = -(-ilo // mult), ihi // mult
-            if klo > khi:
-                raise _unsatisfiable(f"no multiple of {mult} in [{lo}, {hi}]")
-            return self._rng.randint(klo, khi) * mult
-        if ilo > ihi:
-            raise _unsatisfiable(f"no integer in [{lo}, {hi}]")
-        return self._rng.randint(ilo, ihi)
-
-    def _number(self, s: Mapping[str, Any]) -> float:
-        lo, hi = self._bounds(s, 1e-6)
-        value = round(self._rng.uniform(lo, hi), 2)
-        return value if lo <= value <= hi else (lo + hi) / 2
-
-
-_FORMATS = {
-    "date-time": "2025-01-01T00:00:00Z",
-    "date": "2025-01-01",
-    "time": "00:00:00Z",
-    "email": "sim@example.com",
-    "uri": "https://example.com/",
-    "uuid": "00000000-0000-4000-8000-000000000000",
-    "ipv4": "127.0.0.1",
-}
-
-
-def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        if k == "properties" and isinstance(out.get(k), Mapping):
-            out[k] = {**out[k], **v}
-        elif k == "required" and isinstance(out.get(k), list):
-            out[k] = list(dict.fromkeys([*out[k], *v]))
-        else:
-            out[k] = v
-    return out
-
-
-def _schema_type(s: Mapping[str, Any]) -> str:
-    t = s.get("type")
-    if isinstance(t, list):
-        concrete = [x for x in t if x != "null"]
-        t = concrete[0] if concrete else "null"
-    if isinstance(t, str):
-        return t
-    if "properties" in s or "required" in s:
-        return "object"
-    if "items" in s or "prefixItems" in s:
-        return "array"
-    return "null"
-
-
-def schema_instance(schema: Mapping[str, Any], rng: random.Random) -> Any:
-    """A small instance that validates against `schema` (see `_InstanceBuilder`)."""
-    return _InstanceBuilder(schema, rng).build(schema)
-
-
-@dataclass(frozen=True)
-class _Output:
-    pieces: tuple[str, ...]  # text of each output token
-    finish: FinishReason
-
-
-def _plan_output(request: EngineRequest, rng: random.Random) -> _Output:
-    max_tokens = request.sampling.max_tokens
-    c = request.constraint
-    if isinstance(c, JsonSchemaConstraint):
-        text = json.dumps(schema_instance(c.json_schema, rng), separators=(",", ":"))
-    elif isinstance(c, JsonObjectConstraint):
-        text = "{}"
-    elif isinstance(c, GrammarConstraint | RegexConstraint):
-        text = CONSTRAINED_PLACEHOLDER
-    else:
-        words = [rng.choice(_WORDS) for _ in range(max_tokens)]
-        return _stop_at(tuple([words[0], *(" " + w for w in words[1:])]), "length", request)
-    pieces = pseudo_tokens(text)
-    if len(pieces) > max_tokens:
-        return _stop_at(tuple(pieces[:max_tokens]), "length", request)
-    return _stop_at(tuple(pieces), "stop", request)
-
-
-def _stop_at(pieces: tuple[str, ...], finish: FinishReason, request: EngineRequest) -> _Output:
-    """Cut at the first stop string, as vLLM does: the stop text is not returned."""
-    text = "".join(pieces)
-    found = [(i, s) for s in request.sampling.stop if s and (i := text.find(s)) >= 0]
-    if not found:
-        return _Output(pieces, finish)
-    cut, stop = min(found)
-    end, n = 0, 0
-    while end < cut + len(stop):
-        end += len(pieces[n])
-        n += 1
-    out, pos = [], 0
-    for piece in pieces[:n]:
-        out.append(text[pos : min(pos + len(piece), cut)] if pos < cut else "")
-        pos += len(piece)
-    return _Output(tuple(out), "stop")
-
-
-# ---------------------------------------------------------------------------
 # The engine.
 
 _State = Literal["waiting", "prefill", "decode", "done"]
@@ -545,7 +163,7 @@ class _Seq:
     request_id: str
     prompt_len: int
     hashes: list[bytes]
-    output: _Output
+    output: SimOutput
     total_blocks: int  # prompt + output, reserved at admission (no preemption)
     arrival: float
     queue: asyncio.Queue[Delta] = field(default_factory=asyncio.Queue)
@@ -575,7 +193,7 @@ class SimEngine:
             lora=True,
             max_context=s.max_model_len,
         )
-        self._cache = _BlockCache(max(1, s.kv_capacity_tokens // s.block_size))
+        self._cache = BlockCache(max(1, s.kv_capacity_tokens // s.block_size))
         self._seqs: dict[str, _Seq] = {}  # in flight, by request id
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []  # prefill and decode, in admission order
@@ -667,7 +285,7 @@ class SimEngine:
 
     def prompt_tokens(self, request: EngineRequest) -> list[str]:
         """The pseudo-tokens the simulator prefills for `request` (for tests and tools)."""
-        return _render(request, self.settings)
+        return render_prompt(request, self.settings)
 
     # -- admission ------------------------------------------------------------
 
@@ -678,7 +296,7 @@ class SimEngine:
         if rid in self._seqs:
             raise EngineError(f"request {rid} is already running", code="invalid_request")
         s = self.settings
-        tokens = _render(request, s)
+        tokens = render_prompt(request, s)
         max_tokens = request.sampling.max_tokens
         if len(tokens) + max_tokens > s.max_model_len:
             raise EngineError(
@@ -686,7 +304,7 @@ class SimEngine:
                 f"context window of {s.max_model_len}",
                 code="context_length",
             )
-        output = _plan_output(request, self._rng_for(request, tokens))
+        output = plan_output(request, self._rng_for(request, tokens))
         total_blocks = -(-(len(tokens) + len(output.pieces)) // s.block_size)
         if total_blocks > self._cache.num_blocks:
             raise EngineError(
@@ -901,61 +519,3 @@ class SimEngine:
         )
         while len(self._timings) > keep:
             self._timings.popitem(last=False)
-
-
-# ---------------------------------------------------------------------------
-# Prompt rendering into pseudo-tokens (a Qwen-style chat layout).
-
-
-def _image_tokens(image_hash: str, image: Image | None, s: SimSettings) -> list[str]:
-    """Visual tokens of one frame, derived from its content hash: same frame, same tokens."""
-    if image is None:
-        n = s.tokens_per_image
-    else:
-        pixels = min(max(image.width * image.height, s.image_min_pixels), s.image_max_pixels)
-        n = max(1, math.ceil(pixels / (s.image_patch_px * s.image_patch_px)))
-    return ["<|vision_start|>", *(f"<img:{image_hash}:{i}>" for i in range(n)), "<|vision_end|>"]
-
-
-def _render(request: EngineRequest, s: SimSettings) -> list[str]:
-    """Pseudo-tokens of the prompt.
-
-    Images sit where an `ImagePart` names them; images no part names go first
-    in the last user message (or before a raw prompt). A part naming an image
-    that the request does not carry costs `tokens_per_image`.
-    """
-    by_hash = {img.hash: img for img in request.images}
-    if request.messages is None:
-        tokens: list[str] = []
-        for img in request.images:
-            tokens += _image_tokens(img.hash, img, s)
-        return tokens + pseudo_tokens(request.prompt or "")
-    named = {
-        p.hash
-        for m in request.messages
-        if not isinstance(m.content, str)
-        for p in m.content
-        if isinstance(p, ImagePart)
-    }
-    loose = [img for img in request.images if img.hash not in named]
-    users = [i for i, m in enumerate(request.messages) if m.role == "user"]
-    last_user = users[-1] if users else -1
-    tokens = []
-    for i, m in enumerate(request.messages):
-        tokens += ["<|im_start|>", m.role, "\n"]
-        if i == last_user:
-            for img in loose:
-                tokens += _image_tokens(img.hash, img, s)
-        if isinstance(m.content, str):
-            tokens += pseudo_tokens(m.content)
-        else:
-            for part in m.content:
-                if isinstance(part, ImagePart):
-                    tokens += _image_tokens(part.hash, by_hash.get(part.hash), s)
-                else:
-                    tokens += pseudo_tokens(part.text)
-        tokens += ["<|im_end|>", "\n"]
-    if last_user < 0:
-        for img in loose:
-            tokens += _image_tokens(img.hash, img, s)
-    return [*tokens, "<|im_start|>", "assistant", "\n"]

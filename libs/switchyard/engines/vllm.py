@@ -34,7 +34,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from switchyard.config import Settings
+from switchyard.config import SectionSettings
 from switchyard.engines.base import (
     Capabilities,
     Delta,
@@ -61,7 +61,7 @@ NOT_INSTALLED = "vLLM is not installed (extra [vllm], on a GPU host)"
 _LORA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-class VllmSettings(Settings):
+class VllmSettings(SectionSettings):
     """vLLM engine arguments we set (env `SY_VLLM_...`)."""
 
     model_config = SettingsConfigDict(env_prefix="SY_VLLM_")

@@ -10,6 +10,10 @@ from switchyard.envelope import Envelope, RequestId, ShortText, TenantId, Text
 from switchyard.messages.inference import ErrorInfo
 
 SqlText = Annotated[str, StringConstraints(min_length=1, max_length=64 * 1024)]
+Signature = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+# A rule id of the SQL guard or executor, e.g. "table.not_allowed" (switchyard.sqlguard.rules).
+RuleId = Annotated[str, StringConstraints(pattern=r"^[a-z_]+\.[a-z_]+$", max_length=64)]
 Cell = str | int | float | bool | None
 
 
@@ -28,6 +32,7 @@ class ValidateRequest(Envelope):
     kind: Literal["sql.validate"] = "sql.validate"
     sql: SqlText
     database: ShortText
+    question: Text | None = None  # for the audit trail only
 
 
 class ValidateReply(Envelope):
@@ -36,19 +41,27 @@ class ValidateReply(Envelope):
     ok: bool
     canonical_sql: SqlText | None = None
     policy_version: ShortText | None = None
-    signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
+    signature: Signature | None = None
     checks: Annotated[list[ShortText], Field(max_length=64)] = []
+    tables: Annotated[list[ShortText], Field(max_length=256)] = []
+    limit_action: Literal["injected", "clamped"] | None = None
+    # A rejection: which rule, on which part of the statement (error.reason says why).
+    rule: RuleId | None = None
+    node: ShortText | None = None
     error: ErrorInfo | None = None
 
 
 class ExecuteRequest(Envelope):
-    """Request on `svc.sql.execute` / `svc.sql.explain`: canonical SQL signed by the validator."""
+    """Request on `svc.sql.execute` / `svc.sql.explain`: canonical SQL signed by the validator.
+
+    `signature` may be absent so an unsigned request is refused (and audited) by the
+    executor with a reason, rather than dropped by the decoder."""
 
     kind: Literal["sql.execute"] = "sql.execute"
     canonical_sql: SqlText
     database: ShortText
     policy_version: ShortText
-    signature: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    signature: Signature | None = None
     max_rows: int = Field(default=1000, ge=1, le=100_000)
     explain_only: bool = False
 
@@ -61,8 +74,12 @@ class ExecuteReply(Envelope):
     rows: Annotated[list[list[Cell]], Field(max_length=100_000)] = []
     truncated: bool = False
     rows_examined: int | None = None
-    plan: list[dict[str, Any]] = []
+    rows_estimated: int | None = None
+    plan: Annotated[list[dict[str, Any]], Field(max_length=64)] = []
     duration: float = 0.0
+    killed: bool = False
+    kill_reason: ShortText | None = None
+    rule: RuleId | None = None
     error: ErrorInfo | None = None
 
 
@@ -86,9 +103,12 @@ class AuditEvent(Envelope):
     event: ShortText
     actor: ShortText
     verdict: ShortText | None = None
+    rule: RuleId | None = None
     question: Text | None = None
     sql: Text | None = None
-    plan: list[dict[str, Any]] = []
+    sql_hash: Sha256 | None = None
+    killed: bool = False
+    plan: Annotated[list[dict[str, Any]], Field(max_length=64)] = []
     rows_scanned: int | None = None
     rows_returned: int | None = None
     duration: float | None = None

@@ -1,0 +1,94 @@
+"""The executor process: `svc.sql.execute` and `svc.sql.explain`, audited.
+
+No rows leave unaudited: the audit event of a decision is stored in AUDIT
+before the reply is sent, and if it cannot be, the caller gets an error
+instead of the rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from services.executor import metrics
+from services.executor.settings import ExecutorSettings
+from switchyard import subjects
+from switchyard.bus import rpc
+from switchyard.bus.connection import Bus
+from switchyard.errors import SwitchyardError
+from switchyard.logging import bind_request, get_logger
+from switchyard.messages.sql import ExecuteReply, ExecuteRequest
+from switchyard.sqldb.executor import SqlExecutor
+from switchyard.sqlguard.audit import publish_audit
+
+log = get_logger(__name__)
+
+
+async def run_executor(bus: Bus, stop: asyncio.Event, settings: ExecutorSettings) -> None:
+    executor = SqlExecutor(settings)
+    inflight = 0
+
+    def handler(explain_only: bool) -> Callable[[ExecuteRequest], Awaitable[ExecuteReply]]:
+        async def handle(req: ExecuteRequest) -> ExecuteReply:
+            nonlocal inflight
+            inflight += 1
+            metrics.INFLIGHT.inc()
+            try:
+                with bind_request(req.id, req.tenant, req.trace):
+                    started = time.perf_counter()
+                    decision = await executor.handle(req, explain_only=explain_only)
+                    event = decision.audit.event
+                    metrics.DURATION.labels(event).observe(time.perf_counter() - started)
+                    metrics.DECISIONS.labels(
+                        event, decision.audit.verdict or "-", decision.audit.rule or "-"
+                    ).inc()
+                    if decision.reply.killed:
+                        metrics.KILLS.labels(decision.reply.kill_reason or "-").inc()
+                    try:
+                        await publish_audit(bus.js, decision.audit)
+                    except Exception as exc:
+                        metrics.AUDIT_FAILURES.inc()
+                        log.error("sql.audit_failed", error=str(exc))
+                        raise SwitchyardError(
+                            "the audit trail is unavailable; no result leaves unaudited",
+                            code="internal",
+                        ) from exc
+                    log.info(
+                        "sql.executed",
+                        event=event,
+                        verdict=decision.audit.verdict,
+                        rule=decision.audit.rule,
+                        rows=decision.audit.rows_returned,
+                        duration=round(decision.reply.duration, 4),
+                    )
+                    return decision.reply
+            finally:
+                inflight -= 1
+                metrics.INFLIGHT.dec()
+
+        return handle
+
+    subs = [
+        await rpc.serve(
+            bus.nc, subject, ExecuteRequest, handler(explain), queue="executor",
+            concurrency=settings.sql_max_inflight,
+        )
+        for subject, explain in ((subjects.SQL_EXECUTE, False), (subjects.SQL_EXPLAIN, True))
+    ]  # fmt: skip
+    log.info(
+        "executor.ready",
+        mysql=f"{settings.mysql_host}:{settings.mysql_port}",
+        pool=settings.sql_pool_size,
+        gate=settings.sql_explain_gate,
+    )
+    try:
+        await stop.wait()
+        for sub in subs:
+            await sub.unsubscribe()
+        deadline = time.monotonic() + settings.drain_timeout
+        while inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        executor.close()
+

@@ -1,0 +1,102 @@
+"""The router's view of the fleet: live workers from heartbeats, partition owners in KV.
+
+Assignments are written with compare-and-set on the key's revision, so several
+router replicas never overwrite each other's decision with a stale one: a
+failed CAS reloads the stored assignment and the next round decides again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.kv import KeyValue
+
+from switchyard.codec import decode, encode
+from switchyard.errors import DecodeError
+from switchyard.logging import get_logger
+from switchyard.messages.fleet import Assignment, WorkerHeartbeat
+from switchyard.scheduling.placement import Move, Placement, WorkerView
+
+log = get_logger(__name__)
+
+
+class Fleet:
+    def __init__(self, js: JetStreamContext, dead_after: float) -> None:
+        self.js = js
+        self.dead_after = dead_after
+        self.workers: dict[str, WorkerHeartbeat] = {}
+        self._workers_kv: KeyValue | None = None
+        self._assign_kv: KeyValue | None = None
+        self._revisions: dict[str, int] = {}
+
+    async def open(self) -> None:
+        self._workers_kv = await self.js.key_value("fleet_workers")
+        self._assign_kv = await self.js.key_value("fleet_assignments")
+
+    async def refresh_workers(self) -> None:
+        assert self._workers_kv is not None
+        try:
+            keys = await self._workers_kv.keys()
+        except NoKeysError:
+            keys = []
+        seen: dict[str, WorkerHeartbeat] = {}
+        for key in keys:
+            with contextlib.suppress(KeyNotFoundError):
+                entry = await self._workers_kv.get(key)
+                if entry.value:
+                    try:
+                        seen[key] = decode(entry.value, WorkerHeartbeat)
+                    except DecodeError as exc:
+                        log.warning("router.bad_heartbeat", worker=key, reason=exc.reason)
+        self.workers = seen
+
+    def live(self, pool: str, now: float | None = None) -> list[WorkerHeartbeat]:
+        now = time.time() if now is None else now
+        return [
+            hb for hb in self.workers.values() if hb.pool == pool and now - hb.at <= self.dead_after
+        ]
+
+    def views(self, pool: str) -> list[WorkerView]:
+        return [WorkerView(hb.worker, hb.slots, hb.draining) for hb in self.live(pool)]
+
+    async def load_assignment(self, pool: str, placement: Placement) -> None:
+        assert self._assign_kv is not None
+        placement.assignment.clear()
+        for p in range(placement.partitions):
+            key = f"{pool}.p{p}"
+            try:
+                entry = await self._assign_kv.get(key)
+            except KeyNotFoundError:
+                self._revisions.pop(key, None)
+                continue
+            if entry.value and entry.revision is not None:
+                with contextlib.suppress(DecodeError):
+                    placement.assignment[p] = decode(entry.value, Assignment).worker
+                    self._revisions[key] = entry.revision
+
+    async def write(self, pool: str, move: Move) -> bool:
+        """CAS-write one move; False if another router changed the key first."""
+        assert self._assign_kv is not None
+        key = f"{pool}.p{move.partition}"
+        value = encode(
+            Assignment(
+                pool=pool, partition=move.partition, worker=move.dst, at=time.time(),
+                reason=move.reason,
+            )
+        )  # fmt: skip
+        try:
+            if key in self._revisions:
+                self._revisions[key] = await self._assign_kv.update(
+                    key, value, last=self._revisions[key]
+                )
+            else:
+                self._revisions[key] = await self._assign_kv.create(key, value)
+        except KeyWrongLastSequenceError:
+            return False
+        except Exception as exc:  # create() on an existing key raises a bad-request API error
+            log.info("router.assignment_conflict", key=key, error=str(exc))
+            return False
+        return True

@@ -1,0 +1,400 @@
+"""The router: admits requests from `REQ` by tokens, queues them fairly, and dispatches
+each to its partition on `WORK` only while that partition's worker has free credit.
+
+A `REQ` message stays unacked while its request waits here (kept alive with
+`in_progress()`); it is acked only after the `WORK` publish is acknowledged, so
+a router crash loses nothing, and the `WORK` publish carries the request id as
+`Nats-Msg-Id`, so a redelivered request is not dispatched twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from services.router import metrics
+from services.router.fleet import Fleet
+from services.router.settings import RouterSettings
+from switchyard import subjects
+from switchyard.answers import answer, result_for
+from switchyard.bus.connection import Bus
+from switchyard.bus.consumer import dead_letter
+from switchyard.bus.publish import publish
+from switchyard.bus.topology import ROUTER_DURABLE
+from switchyard.codec import decode
+from switchyard.errors import DecodeError, ErrorCode
+from switchyard.logging import bind_request, get_logger
+from switchyard.messages.inference import ErrorInfo, GenerateRequest, GenerateResult, ResultStatus
+from switchyard.partition import partition
+from switchyard.scheduling.admission import Admission
+from switchyard.scheduling.fair import FairQueue, Item
+from switchyard.scheduling.placement import Placement
+from switchyard.scheduling.policy import Policies
+
+log = get_logger(__name__)
+
+LOAD_HALF_LIFE = 30.0  # seconds: how fast a partition's measured load forgets
+
+
+@dataclass
+class Queued:
+    req: GenerateRequest
+    msg: Msg
+    received: float
+
+
+@dataclass
+class Outstanding:
+    pool: str
+    partition: int
+    tenant: str
+    max_tokens: int
+    at: float
+
+
+class Router:
+    def __init__(self, bus: Bus, settings: RouterSettings, policies: Policies) -> None:
+        self.bus = bus
+        self.s = settings
+        self.admission = Admission(policies, time.time)
+
+        def weight(tenant: str) -> float:
+            policy = self.admission.policy(tenant)
+            return policy.weight if policy else 1.0
+
+        self.queue: FairQueue[Queued] = FairQueue(
+            clock=time.time, weight=weight, w_in=settings.w_in, w_out=settings.w_out,
+            aging=settings.aging, locality_bound=settings.locality_bound,
+        )  # fmt: skip
+        self.placements = {
+            pool: Placement(settings.partitions, settings.epsilon, settings.spill_cooldown)
+            for pool in settings.pools
+        }
+        self.fleet = Fleet(bus.js, settings.dead_after)
+        self.outstanding: dict[str, Outstanding] = {}
+        self.load: dict[tuple[str, int], tuple[float, float]] = {}  # EWMA tokens/s, updated at
+        self.warm: dict[str, float] = {}  # session -> last dispatch
+        self.cancelled: dict[str, float] = {}
+        self.labels = metrics.TenantLabels(settings.top_tenants)
+        self.wake = asyncio.Event()
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.fleet.open()
+        for pool, placement in self.placements.items():
+            await self.fleet.load_assignment(pool, placement)
+        subs = [
+            await self.bus.nc.subscribe("res.>", cb=self._on_result),
+            await self.bus.nc.subscribe(subjects.CANCEL_ALL, cb=self._on_cancel),
+        ]
+        tasks = [
+            asyncio.create_task(self._intake(stop)),
+            asyncio.create_task(self._dispatch_loop(stop)),
+            asyncio.create_task(self._placement_loop(stop)),
+            asyncio.create_task(self._keepalive_loop(stop)),
+        ]
+        try:
+            await stop.wait()
+        finally:
+            self.wake.set()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            # Queued requests stay unacked in REQ: another router (or this one after a
+            # restart) gets them when their ack wait runs out.
+            log.info("router.stopped", queued=len(self.queue))
+
+    # -- intake: REQ -> admission -> fair queue -------------------------------------------
+
+    async def _intake(self, stop: asyncio.Event) -> None:
+        sub = await self.bus.js.pull_subscribe_bind(ROUTER_DURABLE, stream="REQ")
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(self.s.fetch_batch, timeout=0.5)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            for msg in msgs:
+                try:
+                    await self._admit(msg)
+                except Exception:
+                    log.exception("router.intake_failed")  # left unacked: redelivered later
+
+    async def _admit(self, msg: Msg) -> None:
+        try:
+            req = decode(msg.data, GenerateRequest, max_bytes=self.s.max_message_bytes)
+        except DecodeError as exc:
+            await dead_letter(
+                self.bus.js, msg, code=exc.code, reason=exc.reason, consumer=ROUTER_DURABLE
+            )
+            return
+        with bind_request(req.id, req.tenant, req.trace):
+            queued = self.queue._index.get(req.id)
+            if queued is not None:  # redelivered while we still hold it: keep the newer handle
+                queued.payload.msg = msg
+                return
+            if req.id in self.outstanding:
+                await msg.ack()  # already dispatched; WORK dedupe covers a re-publish anyway
+                return
+            if req.pool not in self.placements:
+                await self._refuse(req, msg, "rejected", "invalid_request",
+                                   f"unknown pool {req.pool!r}")  # fmt: skip
+                return
+            if req.id in self.cancelled:
+                await self._refuse(req, msg, "cancelled", "cancelled", "cancelled before admission")
+                return
+            verdict = self.admission.admit(
+                req.tenant, req.id, req.prompt_tokens, req.sampling.max_tokens, req.priority
+            )
+            label = self.labels(req.tenant)
+            if not verdict.ok:
+                assert verdict.code is not None
+                metrics.REJECTED_TOKENS.labels(label, verdict.code).inc(
+                    req.prompt_tokens + req.sampling.max_tokens
+                )
+                await self._refuse(
+                    req, msg, "rejected", verdict.code, verdict.reason, verdict.retry_after
+                )
+                return
+            metrics.ADMITTED_TOKENS.labels(label, "input").inc(req.prompt_tokens)
+            metrics.ADMITTED_TOKENS.labels(label, "output").inc(req.sampling.max_tokens)
+            now = time.time()
+            admitted = req.model_copy(
+                update={"admitted_at": req.admitted_at or now, "priority": verdict.priority}
+            )
+            key = req.session or req.tenant
+            self.queue.push(
+                Item(
+                    request_id=req.id, tenant=req.tenant, priority=verdict.priority,
+                    prompt_tokens=req.prompt_tokens, max_tokens=req.sampling.max_tokens,
+                    partition=partition(key, self.s.partitions), enqueued_at=now,
+                    payload=Queued(admitted, msg, now),
+                )
+            )  # fmt: skip
+            metrics.QUEUE_DEPTH.labels(label).set(self.queue.depth(req.tenant))
+            self.wake.set()
+
+    async def _refuse(
+        self,
+        req: GenerateRequest,
+        msg: Msg,
+        status: ResultStatus,
+        code: ErrorCode,
+        reason: str,
+        retry_after: float | None = None,
+    ) -> None:
+        error = ErrorInfo(code=code, reason=reason, retry_after=retry_after)
+        await answer(self.bus.nc, self.bus.js, req, result_for(req, status, error))
+        await msg.ack()
+        metrics.ANSWERED.labels(status).inc()
+        log.info("router.answered", status=status, code=code, reason=reason)
+
+    # -- dispatch: fair queue -> WORK, within credit -------------------------------------
+
+    def _free_credit(self, pool: str) -> dict[str, int]:
+        placement = self.placements[pool]
+        free: dict[str, int] = {}
+        for hb in self.fleet.live(pool):
+            if hb.draining:
+                continue
+            mine = sum(
+                1 for o in self.outstanding.values()
+                if o.pool == pool and placement.owner(o.partition) == hb.worker
+            )  # fmt: skip
+            free[hb.worker] = hb.slots * self.s.credit_per_slot - max(mine, hb.queued)
+        return free
+
+    async def _dispatch_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), 0.25)
+            self.wake.clear()
+            await self._sweep()
+            await self._dispatch_round()
+
+    async def _dispatch_round(self) -> None:
+        """Dispatch, in fair order, everything that has credit now."""
+        credit = {pool: self._free_credit(pool) for pool in self.placements}
+        now = time.time()
+
+        def can_run(item: Item[Queued]) -> bool:
+            pool = item.payload.req.pool
+            owner = self.placements[pool].owner(item.partition)
+            return owner is not None and credit[pool].get(owner, 0) > 0
+
+        def warm(item: Item[Queued]) -> bool:
+            session = item.payload.req.session
+            return session is not None and now - self.warm.get(session, 0) < self.s.warm_seconds
+
+        while (item := self.queue.pick(can_run, warm)) is not None:
+            pool = item.payload.req.pool
+            owner = self.placements[pool].owner(item.partition)
+            assert owner is not None
+            credit[pool][owner] -= 1
+            if not await self._dispatch(item, owner):
+                return
+
+    async def _dispatch(self, item: Item[Queued], worker: str) -> bool:
+        req, msg = item.payload.req, item.payload.msg
+        now = time.time()
+        label = self.labels(req.tenant)
+        with bind_request(req.id, req.tenant, req.trace):
+            age = req.frame_age(now)
+            if req.stale_after is not None and age is not None and age > req.stale_after:
+                self.admission.finished(req.id, None)
+                reason = f"frame is {age:.3f}s old at dispatch, budget {req.stale_after:.3f}s"
+                await self._refuse(req, msg, "stale", "stale", reason)
+                return True
+            if req.expired(now):
+                self.admission.finished(req.id, None)
+                await self._refuse(req, msg, "expired", "expired", "deadline passed in the queue")
+                return True
+            try:
+                await publish(
+                    self.bus.js, subjects.work(req.pool, item.partition), req, msg_id=req.id
+                )
+                await msg.ack()
+            except Exception as exc:
+                log.warning("router.dispatch_failed", error=repr(exc))
+                self.queue.requeue(item)  # try again next round, at the head
+                return False
+            self.admission.dispatched(req.id)
+            self.outstanding[req.id] = Outstanding(
+                req.pool, item.partition, req.tenant, req.sampling.max_tokens, now
+            )
+            if req.session:
+                self.warm[req.session] = now
+            self._add_load(req.pool, item.partition, req.prompt_tokens + req.sampling.max_tokens)
+            metrics.QUEUE_WAIT.labels(label).observe(now - item.enqueued_at)
+            metrics.TIME_IN_ROUTER.observe(now - item.payload.received)
+            metrics.QUEUE_DEPTH.labels(label).set(self.queue.depth(req.tenant))
+            metrics.VTC.labels(label).set(self.queue.counters.get(req.tenant, 0.0))
+            metrics.PLACEMENT.labels("keep").inc()
+            log.debug("router.dispatched", worker=worker, partition=item.partition)
+        return True
+
+    async def _sweep(self) -> None:
+        """Answer queued requests that went stale, expired or waited too long."""
+        now = time.time()
+        for item in self.queue.items():
+            req, msg = item.payload.req, item.payload.msg
+            age = req.frame_age(now)
+            status: ResultStatus | None = None
+            code: ErrorCode = "timeout"
+            if req.stale_after is not None and age is not None and age > req.stale_after:
+                status, code = "stale", "stale"
+                reason = f"frame is {age:.3f}s old while queued, budget {req.stale_after:.3f}s"
+            elif req.expired(now):
+                status, code, reason = "expired", "expired", "deadline passed in the queue"
+            elif now - item.enqueued_at > self.s.max_queue_seconds:
+                status, reason = "rejected", f"queued over {self.s.max_queue_seconds:.0f}s"
+            if status is None:
+                continue
+            self.queue.remove(req.id)
+            self.admission.finished(req.id, None)
+            with bind_request(req.id, req.tenant, req.trace):
+                await self._refuse(req, msg, status, code, reason)
+
+    # -- results, cancels, keepalive ----------------------------------------------------
+
+    async def _on_result(self, msg: Msg) -> None:
+        try:
+            result = decode(msg.data, GenerateResult, max_bytes=self.s.max_message_bytes)
+        except DecodeError:
+            return
+        out = self.outstanding.pop(result.request_id, None)
+        if out is None:
+            return
+        self.admission.finished(result.request_id, result.usage.completion_tokens)
+        self.queue.settle(out.tenant, out.max_tokens, result.usage.completion_tokens)
+        self.wake.set()
+
+    async def _on_cancel(self, msg: Msg) -> None:
+        request_id = msg.subject.split(".", 1)[1]
+        item = self.queue.remove(request_id)
+        if item is None:
+            self.cancelled[request_id] = time.time()  # may still be on its way to us
+            cutoff = time.time() - 600
+            for rid in [r for r, at in self.cancelled.items() if at < cutoff]:
+                del self.cancelled[rid]
+            return  # running requests: the owning worker hears the same cancel
+        req = item.payload.req
+        self.admission.finished(req.id, None)
+        with bind_request(req.id, req.tenant, req.trace):
+            await self._refuse(
+                req, item.payload.msg, "cancelled", "cancelled", "cancelled while queued"
+            )
+
+    async def _keepalive_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.sleep(self.s.req_ack_wait / 3)
+            for item in self.queue.items():
+                with contextlib.suppress(Exception):
+                    await item.payload.msg.in_progress()
+            # Outstanding entries whose result we never saw (e.g. answered before a restart)
+            # must not hold credit forever.
+            cutoff = time.time() - max(600.0, 10 * self.s.max_queue_seconds)
+            for rid in [r for r, o in self.outstanding.items() if o.at < cutoff]:
+                del self.outstanding[rid]
+
+    # -- placement -----------------------------------------------------------------------
+
+    def _add_load(self, pool: str, p: int, tokens: int) -> None:
+        now = time.time()
+        rate, at = self.load.get((pool, p), (0.0, now))
+        decay = 0.5 ** ((now - at) / LOAD_HALF_LIFE)
+        self.load[(pool, p)] = (rate * decay + tokens / LOAD_HALF_LIFE, now)
+
+    def _loads(self, pool: str) -> dict[int, float]:
+        now = time.time()
+        return {
+            p: rate * 0.5 ** ((now - at) / LOAD_HALF_LIFE)
+            for (pl, p), (rate, at) in self.load.items()
+            if pl == pool
+        }
+
+    async def _placement_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self._rebalance()
+            except Exception:
+                log.exception("router.rebalance_failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.s.rebalance_interval)
+
+    async def _rebalance(self) -> None:
+        await self.fleet.refresh_workers()
+        now = time.time()
+        for pool, placement in self.placements.items():
+            views = self.fleet.views(pool)
+            placement.epsilon = self.s.epsilon
+            moves = placement.reconcile(views, None, now)
+            if not moves and views:
+                # Load-based spill uses its own (larger) bound: moving a partition costs
+                # its sessions their warm prefix cache.
+                placement.epsilon = self.s.spill_epsilon
+                moves = placement.reconcile(views, self._loads(pool), now)
+                placement.epsilon = self.s.epsilon
+            for move in moves:
+                if not await self.fleet.write(pool, move):
+                    await self.fleet.load_assignment(pool, placement)
+                    break
+                metrics.PLACEMENT.labels(move.reason).inc()
+                log.info("router.move", pool=pool, partition=move.partition, src=move.src,
+                         dst=move.dst, reason=move.reason)  # fmt: skip
+            for hb in self.fleet.live(pool):
+                metrics.PARTITIONS.labels(pool, hb.worker).set(
+                    len(placement.partitions_of(hb.worker))
+                )
+        if any(self.placements[p].assignment for p in self.placements):
+            self.wake.set()

@@ -1,0 +1,34 @@
+"""Router settings (`SY_*`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from switchyard.config import Settings
+
+
+class RouterSettings(Settings):
+    router_id: str = Field(default="router", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    tenant_policy: Path | None = Field(
+        default=None, description="YAML tenant policies; unset = one permissive default policy"
+    )
+    pools: list[str] = ["agent", "sql", "llm"]
+    # Outstanding requests per engine slot a worker may hold (late binding: keep small).
+    credit_per_slot: int = Field(default=2, ge=1, le=64)
+    # A worker whose last heartbeat is older than this is dead; its partitions move.
+    dead_after: float = Field(default=6.0, gt=0)
+    epsilon: float = Field(default=0.25, gt=0, description="bounded-load slack")
+    spill_epsilon: float = Field(default=1.0, gt=0, description="load-based spill threshold")
+    spill_cooldown: float = Field(default=60.0, ge=0)
+    rebalance_interval: float = Field(default=1.0, gt=0)
+    max_queue_seconds: float = Field(default=60.0, gt=0, description="then answered 'timeout'")
+    w_in: float = Field(default=1.0, gt=0)
+    w_out: float = Field(default=2.0, gt=0)
+    aging: float = Field(default=10.0, gt=0, description="seconds per priority class gained")
+    locality_bound: float = Field(default=4096.0, ge=0, description="weighted tokens")
+    warm_seconds: float = Field(default=30.0, gt=0, description="a session stays warm this long")
+    req_ack_wait: float = Field(default=30.0, gt=0)
+    fetch_batch: int = Field(default=256, ge=1, le=10_000)
+    top_tenants: int = Field(default=20, ge=1, description="tenants labelled in metrics")

@@ -1,0 +1,12 @@
+"""Validator metrics. Rule ids are a fixed set, so they are fine as labels."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+from switchyard.metrics import LATENCY_BUCKETS
+
+DECISIONS = Counter("sy_sql_validate_total", "Validations by verdict and rule", ["verdict", "rule"])
+LATENCY = Histogram("sy_sql_validate_seconds", "Time to validate one statement",
+                    buckets=LATENCY_BUCKETS)  # fmt: skip
+AUDIT_FAILURES = Counter("sy_sql_validate_audit_failures_total", "Audit events not stored")

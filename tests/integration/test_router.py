@@ -1,0 +1,384 @@
+"""The router on real NATS with `sim` workers: admission, answers, staleness, cancels,
+affinity and failover."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from nats.aio.msg import Msg
+
+from switchyard import subjects
+from switchyard.bus.connection import Bus
+from switchyard.bus.publish import publish
+from switchyard.bus.tokenstream import TokenStreamReader
+from switchyard.codec import decode
+from switchyard.messages.inference import (
+    ChatMessage,
+    GenerateRequest,
+    GenerateResult,
+    Sampling,
+    TokenFrame,
+)
+from tests.support.fleet import (
+    provision_pool,
+    router_in_process,
+    service_process,
+    submit,
+    worker_in_process,
+)
+
+POLICY = {
+    "default": {"itpm": 10_000_000, "otpm": 1_000_000, "max_queued_tokens": 50_000_000},
+    "tenants": {
+        "small-in": {"itpm": 6000, "otpm": 1_000_000},
+        "small-out": {"itpm": 10_000_000, "otpm": 6000},
+        "heavy": {"itpm": 100_000_000, "otpm": 1_000_000, "max_queued_tokens": 100_000_000},
+    },
+}
+
+
+@pytest.fixture
+async def pool(bus: Bus, unique: str) -> str:
+    name = f"r{unique}"
+    await provision_pool(bus.js, name)
+    return name
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(yaml.safe_dump(POLICY))
+    return path
+
+
+def req(pool: str, tenant: str = "acme", **kw: object) -> GenerateRequest:
+    fields: dict[str, object] = {
+        "tenant": tenant,
+        "workload": "llm",
+        "pool": pool,
+        "messages": [ChatMessage(role="user", content="hello")],
+        "sampling": Sampling(max_tokens=8),
+        "prompt_tokens": 20,
+        **kw,
+    }
+    return GenerateRequest(**fields)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def fleet(
+    nats_url: str, pool: str, policy: Path, workers: int = 1, partitions: int = 4, **router: object
+) -> AsyncIterator[None]:
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(
+            router_in_process(
+                nats_url, partitions=partitions, pools=[pool], tenant_policy=policy,
+                rebalance_interval=0.2, dead_after=2.0, **router,
+            )
+        )  # fmt: skip
+        for i in range(workers):
+            await stack.enter_async_context(
+                worker_in_process(
+                    nats_url, pool=pool, engine="sim", assignment="kv",
+                    worker_id=f"{pool}-w{i}", heartbeat_interval=0.3, partitions=partitions,
+                )
+            )  # fmt: skip
+        await asyncio.sleep(1.0)  # heartbeats seen, partitions assigned and bound
+        yield
+
+
+def final(frames: list[TokenFrame]) -> TokenFrame:
+    assert frames and frames[-1].type in ("end", "error")
+    return frames[-1]
+
+
+async def test_requests_flow_through_the_router(
+    bus: Bus, pool: str, policy_file: Path, nats_url: str
+) -> None:
+    async with fleet(nats_url, pool, policy_file):
+        frames = [await submit(bus, req(pool, session=f"s{i}"), timeout=10) for i in range(10)]
+    results = [final(f).result for f in frames]
+    assert all(r is not None and r.status == "ok" and r.worker == f"{pool}-w0" for r in results)
+    assert all(r is not None and r.usage.completion_tokens == 8 for r in results)
+
+
+@pytest.fixture(autouse=True)
+def instant_sim(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SY_SIM_DELAY_SCALE", "0")
+
+
+async def test_input_quota_answers_retry_after_that_works_when_honoured(
+    bus: Bus, pool: str, policy_file: Path, nats_url: str
+) -> None:
+    async with fleet(nats_url, pool, policy_file):
+        first, refused = [
+            final(frames)
+            for frames in await asyncio.gather(
+                submit(bus, req(pool, "small-in", prompt_tokens=3050)),
+                submit(bus, req(pool, "small-in", prompt_tokens=3050)),
+            )
+        ]
+        if first.type == "error":
+            first, refused = refused, first
+        assert first.result and first.result.status == "ok"
+        assert refused.type == "error" and refused.error and refused.error.code == "over_quota"
+        assert "input" in refused.error.reason
+        retry_after = refused.error.retry_after
+        assert retry_after is not None and 0.5 <= retry_after <= 1.5
+        await asyncio.sleep(retry_after)
+        honoured = final(await submit(bus, req(pool, "small-in", prompt_tokens=3050)))
+    assert honoured.result and honoured.result.status == "ok"
+
+
+async def test_output_quota_is_enforced_separately(
+    bus: Bus, pool: str, policy_file: Path, nats_url: str
+) -> None:
+    async with fleet(nats_url, pool, policy_file):
+        big_out = {"sampling": Sampling(max_tokens=3050)}
+        first, refused = [
+            final(frames)
+            for frames in await asyncio.gather(
+                submit(bus, req(pool, "small-out", prompt_tokens=10, **big_out)),
+                submit(bus, req(pool, "small-out", prompt_tokens=10, **big_out)),
+            )
+        ]
+        if first.type == "error":
+            first, refused = refused, first
+        # Its input budget is untouched: a request with a big prompt and a small output fits.
+        small = final(await submit(bus, req(pool, "small-out", prompt_tokens=5000)))
+    assert first.result and first.result.status == "ok"
+    assert refused.error and refused.error.code == "over_quota" and "output" in refused.error.reason
+    assert small.result and small.result.status == "ok"
+
+
+async def test_unknown_tenant_is_refused_without_a_default_policy(
+    bus: Bus, pool: str, tmp_path: Path, nats_url: str
+) -> None:
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(yaml.safe_dump({"tenants": {"acme": {}}}))
+    async with fleet(nats_url, pool, strict):
+        unknown = final(await submit(bus, req(pool, "nobody-knows")))
+        known = final(await submit(bus, req(pool, "acme")))
+    assert unknown.error and unknown.error.code == "unknown_tenant"
+    assert known.result and known.result.status == "ok"
+
+
+async def test_stale_steps_are_never_dispatched(
+    bus: Bus, pool: str, policy_file: Path, nats_url: str
+) -> None:
+    async with fleet(nats_url, pool, policy_file):
+        old = req(pool, session="ep", frame_ts=time.time() - 5, stale_after=1.0)
+        answer = final(await submit(bus, old))
+    assert answer.result and answer.result.status == "stale" and answer.result.worker is None
+    assert answer.result.error and "5." in answer.result.error.reason  # the measured age
+
+
+async def test_cancel_removes_a_queued_request(
+    bus: Bus, pool: str, policy_file: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SY_SIM_MAX_NUM_SEQS", "1")  # one slot, credit 1: the rest queue
+    monkeypatch.setenv("SY_SIM_DELAY_SCALE", "0.1")
+    async with fleet(nats_url, pool, policy_file, credit_per_slot=1):
+        long = req(pool, session="a", sampling=Sampling(max_tokens=400))
+        queued = req(pool, session="a", sampling=Sampling(max_tokens=8))
+        async with (
+            TokenStreamReader(bus.nc, idle_timeout=30) as r1,
+            TokenStreamReader(bus.nc, idle_timeout=30) as r2,
+        ):
+            for r, reader in ((long, r1), (queued, r2)):
+                sent = r.model_copy(update={"reply": reader.inbox})
+                await publish(bus.js, subjects.req("llm", r.tenant), sent)
+            await asyncio.sleep(0.5)
+            await bus.nc.publish(subjects.cancel(queued.id), b"")
+            cancelled = final([f async for f in r2])
+            done = final([f async for f in r1])
+    assert cancelled.result and cancelled.result.status == "cancelled"
+    assert cancelled.result.worker is None  # answered by the router: it never reached a worker
+    assert done.result and done.result.status == "ok"
+
+
+async def test_sessions_stick_to_their_workers(
+    bus: Bus, pool: str, policy_file: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, Counter[str]] = defaultdict(Counter)
+    await provision_pool(bus.js, pool, partitions=16)
+    async with fleet(nats_url, pool, policy_file, workers=4, partitions=16):
+        sessions = [f"s{i}" for i in range(40)]
+        for _step in range(5):
+            rounds = await asyncio.gather(*(submit(bus, req(pool, session=s)) for s in sessions))
+            for s, frames in zip(sessions, rounds, strict=True):
+                r = final(frames).result
+                assert r is not None and r.status == "ok" and r.worker
+                seen[s][r.worker] += 1
+    stickiness = [max(c.values()) / sum(c.values()) for c in seen.values()]
+    assert min(stickiness) == 1.0  # no worker died: every step of a session on one worker
+    assert len({w for c in seen.values() for w in c}) == 4  # and the load is spread
+
+
+async def _wait_all(results: Counter[str], ids: set[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ids <= set(results) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+
+
+async def test_router_kill_9_under_load_loses_nothing_and_answers_once(
+    bus: Bus, unique: str, policy_file: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool, tenant = f"k{unique}", f"t{unique}"
+    await provision_pool(bus.js, pool, req_ack_wait=2.0)
+    monkeypatch.setenv("SY_SIM_MAX_NUM_SEQS", "2")  # 2 slots x credit 1: most requests queue
+    monkeypatch.setenv("SY_SIM_DELAY_SCALE", "0.5")
+    env = {
+        "SY_POOLS": f'["{pool}"]', "SY_PARTITIONS": "4", "SY_TENANT_POLICY": str(policy_file),
+        "SY_REBALANCE_INTERVAL": "0.2", "SY_CREDIT_PER_SLOT": "1",
+    }  # fmt: skip
+    results: Counter[str] = Counter()
+    terminal: Counter[str] = Counter()
+
+    async def on_res(msg: Msg) -> None:
+        results[decode(msg.data, GenerateResult).request_id] += 1
+
+    def counter(rid: str) -> Callable[[Msg], Awaitable[None]]:
+        async def on_frame(msg: Msg) -> None:
+            if decode(msg.data, TokenFrame).type != "delta":
+                terminal[rid] += 1
+
+        return on_frame
+
+    res_sub = await bus.js.subscribe(f"res.llm.{tenant}", cb=on_res, ordered_consumer=True)
+    reqs = [req(pool, tenant, session=f"s{i}", sampling=Sampling(max_tokens=20)) for i in range(40)]
+    async with worker_in_process(
+        nats_url, pool=pool, engine="sim", assignment="kv", worker_id=f"{pool}-w0",
+        heartbeat_interval=0.3,
+    ):  # fmt: skip
+        with service_process("router", nats_url, **env) as first:
+            await asyncio.sleep(1.5)
+            for r in reqs:
+                inbox = bus.nc.new_inbox()
+                await bus.nc.subscribe(inbox, cb=counter(r.id))
+                await publish(
+                    bus.js, subjects.req("llm", tenant), r.model_copy(update={"reply": inbox})
+                )
+            await asyncio.sleep(1.0)
+            first.kill()  # SIGKILL, with most requests still queued in it
+            first.wait(10)
+        answered_before = len(results)
+        with service_process("router", nats_url, **env):
+            await _wait_all(results, {r.id for r in reqs}, timeout=90)
+            await asyncio.sleep(2.0)  # room for a duplicate to show up
+    await res_sub.unsubscribe()
+    ids = {r.id for r in reqs}
+    assert answered_before < len(ids)  # the crash really left work behind
+    assert set(results) == ids, f"lost {len(ids - set(results))}"
+    assert all(n == 1 for n in results.values())
+    assert set(terminal) == ids and all(n == 1 for n in terminal.values())
+
+
+async def _assignment(bus: Bus, pool: str, partitions: int) -> dict[int, str]:
+    from switchyard.messages.fleet import Assignment
+
+    kv = await bus.js.key_value("fleet_assignments")
+    owners = {}
+    for p in range(partitions):
+        entry = await kv.get(f"{pool}.p{p}")
+        owners[p] = decode(entry.value or b"", Assignment).worker
+    return owners
+
+
+async def test_dead_worker_loses_its_partitions_only_and_no_request_is_lost(
+    bus: Bus, unique: str, policy_file: Path, nats_url: str
+) -> None:
+    pool, parts = f"d{unique}", 12
+    await provision_pool(bus.js, pool, partitions=parts, ack_wait=2.0)
+    env = {
+        "SY_ASSIGNMENT": "kv", "SY_POOL": pool, "SY_ENGINE": "sim", "SY_PARTITIONS": str(parts),
+        "SY_HEARTBEAT_INTERVAL": "0.3", "SY_SIM_DELAY_SCALE": "0.2",
+    }  # fmt: skip
+    workers = [f"{pool}-w{i}" for i in range(3)]
+    async with router_in_process(
+        nats_url, partitions=parts, pools=[pool], tenant_policy=policy_file,
+        rebalance_interval=0.2, dead_after=1.5,
+    ):  # fmt: skip
+        with contextlib.ExitStack() as stack:
+            procs = [
+                stack.enter_context(service_process("worker", nats_url, SY_WORKER_ID=w, **env))
+                for w in workers
+            ]
+            await asyncio.sleep(2.0)
+            before = await _assignment(bus, pool, parts)
+            assert set(before.values()) == set(workers)
+            sessions = [f"s{i}" for i in range(30)]
+            doomed = workers[0]
+            pending = [
+                asyncio.create_task(
+                    submit(bus, req(pool, session=s, sampling=Sampling(max_tokens=40)), timeout=60)
+                )
+                for s in sessions
+            ]
+            await asyncio.sleep(0.3)
+            procs[0].kill()
+            procs[0].wait(10)
+            answers = [final(frames) for frames in await asyncio.gather(*pending)]
+            after = await _assignment(bus, pool, parts)
+    assert all(a.result and a.result.status == "ok" for a in answers), [
+        (a.type, a.error) for a in answers if not a.result or a.result.status != "ok"
+    ]
+    moved = {p for p in range(parts) if before[p] != after[p]}
+    assert moved == {p for p, w in before.items() if w == doomed}
+    assert doomed not in after.values()
+
+
+async def _light_waits(bus: Bus, pool: str, n: int) -> list[float]:
+    waits = []
+    for i in range(n):
+        frames = await submit(bus, req(pool, "light", session=f"light{i}"))
+        result = final(frames).result
+        assert result is not None and result.status == "ok"
+        waits.append(result.timings.queue)
+        await asyncio.sleep(0.05)
+    return waits
+
+
+async def test_a_flood_of_huge_prompts_does_not_starve_a_light_tenant(
+    bus: Bus, pool: str, policy_file: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One scheduling round: the light tenant waits at most for one heavy request to finish."""
+    monkeypatch.setenv("SY_SIM_MAX_NUM_SEQS", "1")
+    monkeypatch.setenv("SY_SIM_DELAY_SCALE", "0.05")
+    monkeypatch.setenv("SY_SIM_MAX_MODEL_LEN", "131072")
+    monkeypatch.setenv("SY_SIM_KV_CAPACITY_TOKENS", "400000")
+    huge = " ".join(["word"] * 40_000)  # ~40k simulated tokens: ~4.4 s of modelled prefill
+    async with fleet(nats_url, pool, policy_file, credit_per_slot=1):
+        quiet = await _light_waits(bus, pool, 5)
+        flood = [
+            asyncio.create_task(
+                submit(
+                    bus,
+                    req(
+                        pool,
+                        "heavy",
+                        session=f"h{i}",
+                        prompt=huge,
+                        messages=None,
+                        prompt_tokens=100_000,
+                    ),
+                    timeout=120,
+                )
+            )
+            for i in range(12)
+        ]
+        await asyncio.sleep(0.5)
+        busy = await _light_waits(bus, pool, 5)
+        heavy = [final(frames).result for frames in await asyncio.gather(*flood)]
+    service = max(r.timings.total - r.timings.queue for r in heavy if r is not None)
+    print(f"light tenant queue wait p-max: quiet {max(quiet):.3f}s, during flood "
+          f"{max(busy):.3f}s; one heavy request takes {service:.3f}s")  # fmt: skip
+    assert all(r is not None and r.status == "ok" for r in heavy)
+    # FIFO would make the light tenant wait behind all 12 heavy requests.
+    assert max(busy) <= max(quiet) + service + 0.25
