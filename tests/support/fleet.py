@@ -120,3 +120,20 @@ async def submit(bus: Bus, req: GenerateRequest, *, timeout: float = 60.0) -> li
         sent = req.model_copy(update={"reply": reader.inbox})
         await publish(bus.js, subjects.req(req.workload, req.tenant), sent)
         return [frame async for frame in reader]
+
+
+@contextlib.asynccontextmanager
+async def preprocessor_in_process(nats_url: str, **overrides: Any) -> AsyncIterator[None]:
+    from services.preprocessor.service import run_preprocessor
+    from services.preprocessor.settings import PreprocessorSettings
+
+    settings = PreprocessorSettings(nats_url=nats_url, **overrides)
+    bus = await connect(settings, "test-preprocessor")
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_preprocessor(bus, stop, settings))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await bus.close()

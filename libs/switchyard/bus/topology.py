@@ -144,6 +144,10 @@ def build_topology(s: TopologySettings) -> Topology:
     consumers: list[ConsumerSpec] = [
         ConsumerSpec("REQ", ROUTER_DURABLE, "req.>", s.req_ack_wait, deliver, 100_000),
         ConsumerSpec("AUDIT", "auditor", "audit.>", 30.0, deliver, 1000),
+        # Ingress consumers: INGRESS keeps everything for replay, so these are not work queues.
+        ConsumerSpec("INGRESS", "preprocessor-chat", "llm.in.>", 30.0, deliver, 256),
+        ConsumerSpec("INGRESS", "preprocessor-agent", "agent.in.>", 30.0, deliver, 256),
+        ConsumerSpec("INGRESS", "sqlflow", "sql.in.>", 30.0, deliver, 256),
     ]
     for pool in s.pools:
         for p in range(s.partitions):
