@@ -17,6 +17,7 @@ from switchyard import subjects
 from switchyard.bus import rpc
 from switchyard.bus.connection import Bus
 from switchyard.errors import SwitchyardError
+from switchyard.inflight import InFlight
 from switchyard.logging import bind_request, get_logger
 from switchyard.messages.sql import ExecuteReply, ExecuteRequest
 from switchyard.sqldb.executor import SqlExecutor
@@ -27,15 +28,13 @@ log = get_logger(__name__)
 
 async def run_executor(bus: Bus, stop: asyncio.Event, settings: ExecutorSettings) -> None:
     executor = SqlExecutor(settings)
-    inflight = 0
+    inflight = InFlight()
 
     def handler(explain_only: bool) -> Callable[[ExecuteRequest], Awaitable[ExecuteReply]]:
         async def handle(req: ExecuteRequest) -> ExecuteReply:
-            nonlocal inflight
-            inflight += 1
             metrics.INFLIGHT.inc()
             try:
-                with bind_request(req.id, req.tenant, req.trace):
+                with inflight, bind_request(req.id, req.tenant, req.trace):
                     started = time.perf_counter()
                     decision = await executor.handle(req, explain_only=explain_only)
                     event = decision.audit.event
@@ -56,7 +55,7 @@ async def run_executor(bus: Bus, stop: asyncio.Event, settings: ExecutorSettings
                         ) from exc
                     log.info(
                         "sql.executed",
-                        event=event,
+                        kind=event,
                         verdict=decision.audit.verdict,
                         rule=decision.audit.rule,
                         rows=decision.audit.rows_returned,
@@ -64,7 +63,6 @@ async def run_executor(bus: Bus, stop: asyncio.Event, settings: ExecutorSettings
                     )
                     return decision.reply
             finally:
-                inflight -= 1
                 metrics.INFLIGHT.dec()
 
         return handle
@@ -86,9 +84,7 @@ async def run_executor(bus: Bus, stop: asyncio.Event, settings: ExecutorSettings
         await stop.wait()
         for sub in subs:
             await sub.unsubscribe()
-        deadline = time.monotonic() + settings.drain_timeout
-        while inflight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        if not await inflight.drained(settings.drain_timeout):
+            log.warning("executor.drain_timeout", inflight=inflight.count)
     finally:
         executor.close()
-

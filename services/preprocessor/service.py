@@ -54,4 +54,9 @@ async def run_chat(bus: Bus, stop: asyncio.Event, settings: PreprocessorSettings
 
 
 async def run_preprocessor(bus: Bus, stop: asyncio.Event, settings: PreprocessorSettings) -> None:
-    await run_chat(bus, stop, settings)
+    # Imported here so the chat path does not load Pillow and the frame pool.
+    from services.preprocessor.agent import run_agent
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(run_chat(bus, stop, settings))
+        tg.create_task(run_agent(bus, stop, settings))

@@ -15,6 +15,7 @@ from switchyard import subjects
 from switchyard.bus import rpc
 from switchyard.bus.connection import Bus
 from switchyard.errors import SwitchyardError
+from switchyard.inflight import InFlight
 from switchyard.logging import bind_request, get_logger
 from switchyard.messages.sql import ValidateReply, ValidateRequest
 from switchyard.sqlguard.approval import Approver
@@ -28,32 +29,25 @@ async def run_validator(bus: Bus, stop: asyncio.Event, settings: ValidatorSettin
     approver = Approver(
         PolicyStore(settings.sql_policy_dir), settings.sql_signing_key.get_secret_value().encode()
     )
-    inflight = 0
+    inflight = InFlight()
 
     async def handle(req: ValidateRequest) -> ValidateReply:
-        nonlocal inflight
-        inflight += 1
-        try:
-            with bind_request(req.id, req.tenant, req.trace):
-                started = time.perf_counter()
-                reply, event, verdict = approver.decide(req)
-                metrics.LATENCY.observe(time.perf_counter() - started)
-                metrics.DECISIONS.labels(
-                    "ok" if verdict.ok else "rejected", verdict.rule or "-"
-                ).inc()
-                try:
-                    await publish_audit(bus.js, event)
-                except Exception as exc:
-                    metrics.AUDIT_FAILURES.inc()
-                    log.error("sql.audit_failed", error=str(exc))
-                    raise SwitchyardError(
-                        "the audit trail is unavailable; nothing is approved unaudited",
-                        code="internal",
-                    ) from exc
-                log.info("sql.validated", ok=verdict.ok, rule=verdict.rule)
-                return reply
-        finally:
-            inflight -= 1
+        with inflight, bind_request(req.id, req.tenant, req.trace):
+            started = time.perf_counter()
+            reply, event, verdict = approver.decide(req)
+            metrics.LATENCY.observe(time.perf_counter() - started)
+            metrics.DECISIONS.labels("ok" if verdict.ok else "rejected", verdict.rule or "-").inc()
+            try:
+                await publish_audit(bus.js, event)
+            except Exception as exc:
+                metrics.AUDIT_FAILURES.inc()
+                log.error("sql.audit_failed", error=str(exc))
+                raise SwitchyardError(
+                    "the audit trail is unavailable; nothing is approved unaudited",
+                    code="internal",
+                ) from exc
+            log.info("sql.validated", ok=verdict.ok, rule=verdict.rule)
+            return reply
 
     sub = await rpc.serve(
         bus.nc,
@@ -66,6 +60,5 @@ async def run_validator(bus: Bus, stop: asyncio.Event, settings: ValidatorSettin
     log.info("validator.ready", policies=str(settings.sql_policy_dir))
     await stop.wait()
     await sub.unsubscribe()
-    deadline = time.monotonic() + settings.drain_timeout
-    while inflight and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    if not await inflight.drained(settings.drain_timeout):
+        log.warning("validator.drain_timeout", inflight=inflight.count)

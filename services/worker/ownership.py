@@ -79,7 +79,7 @@ class Ownership:
         task.add_done_callback(self._check_loop)
         self.loops[partition] = (loop, task)
         metrics.PARTITIONS.set(len(self.loops))
-        log.info("worker.bound", partition=partition)
+        log.debug("worker.bound", partition=partition)
 
     def _check_loop(self, task: asyncio.Task[None]) -> None:
         """A pull loop that dies (consumer missing, ...) takes the worker down loudly."""
@@ -105,7 +105,7 @@ class Ownership:
         with contextlib.suppress(Exception):
             await task  # a failed loop already raised through `_until`
         metrics.PARTITIONS.set(len(self.loops))
-        log.info("worker.unbound", partition=partition)
+        log.debug("worker.unbound", partition=partition)
 
     async def set_owned(self, wanted: set[int]) -> None:
         gone = sorted(set(self.loops) - wanted)
@@ -115,6 +115,8 @@ class Ownership:
             new = await self._handed_over(new)
         for p in sorted(new):
             self._bind(p)
+        if gone or new:
+            log.info("worker.owns", partitions=self.partitions, released=gone, took=sorted(new))
 
     async def _handed_over(self, partitions: set[int]) -> set[int]:
         """Wait until no other live worker still pulls these partitions.

@@ -160,9 +160,12 @@ def test_up_dry_run_prints_the_plan(nats_url: str) -> None:
             assert f"would start {service.name}" in result.output
         else:
             assert f"{service.name}  skipped: {service.module} has no __main__.py" in result.output
-    if up.runnable("services.worker"):
-        for name in ("worker-1", "worker-2"):
-            assert f"would start {name}: python -m services.worker SY_ENGINE=sim" in result.output
+    for pool, name in (("llm", "worker"), ("agent", "worker-agent")):
+        for replica in (f"{name}-1", f"{name}-2"):
+            expected = (
+                f"would start {replica}: python -m services.worker SY_POOL={pool} SY_ENGINE=sim"
+            )
+            assert expected in result.output
 
 
 def test_up_dry_run_without_nats_would_start_an_embedded_one() -> None:
@@ -173,14 +176,15 @@ def test_up_dry_run_without_nats_would_start_an_embedded_one() -> None:
 
 def test_plan_runs_replicas_and_skips_packages_without_main() -> None:
     fleet = (
-        up.Service("worker", "unittest"),  # a stdlib package with a __main__
+        up.Service("worker", "services.worker"),
         up.Service("edge", "services.edge"),
         up.Service("ghost", "services.no_such_service"),
     )
     procs, skipped = up.plan(fleet, workers=2, engine="sim")
-    assert [p.name for p in procs] == ["worker-1", "worker-2"]
-    assert all(p.env == {"SY_ENGINE": "sim"} for p in procs)
-    assert procs[0].argv == (sys.executable, "-m", "unittest")
+    edge = ["edge"] if up.runnable("services.edge") else []
+    assert [p.name for p in procs] == ["worker-1", "worker-2", *edge]
+    assert all(p.env == {"SY_ENGINE": "sim"} for p in procs[:2])
+    assert procs[0].argv == (sys.executable, "-m", "services.worker")
     assert [s.name for s in skipped] == (
         ["ghost"] if up.runnable("services.edge") else ["edge", "ghost"]
     )

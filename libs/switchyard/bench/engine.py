@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from switchyard import subjects
-from switchyard.bench.fleetproc import nats_for_bench, wait_for_workers, worker_processes
+from switchyard.bench.fleetproc import nats_for_bench, service_processes, wait_for_workers
 from switchyard.bus.connection import connect
 from switchyard.bus.provision import provision
 from switchyard.bus.publish import publish
@@ -134,8 +134,9 @@ def run_engine_bench(
 ) -> EngineBench:
     with nats_for_bench(nats_url) as url:
         asyncio.run(_provision(url))
-        with worker_processes(
-            url, 1, SY_ENGINE=engine, SY_POOL=POOL, SY_ASSIGNMENT="static",
-            SY_PARTITIONS=str(PARTITIONS),
-        ):  # fmt: skip
+        worker = {
+            "SY_WORKER_ID": "bench-w0", "SY_ENGINE": engine, "SY_POOL": POOL,
+            "SY_ASSIGNMENT": "static", "SY_PARTITIONS": str(PARTITIONS),
+        }  # fmt: skip
+        with service_processes("worker", url, [worker]):
             return asyncio.run(_bench(url, rounds, requests, max_tokens, engine))

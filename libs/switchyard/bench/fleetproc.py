@@ -32,41 +32,6 @@ def nats_for_bench(url: str | None) -> Iterator[str]:
         yield server.url
 
 
-@contextlib.contextmanager
-def worker_processes(
-    nats_url: str, count: int = 1, **env: str
-) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """`count` worker processes (`python -m services.worker`) with `SY_*` overrides."""
-    procs = []
-    log_dir = Path(tempfile.mkdtemp(prefix="sy-bench-workers-"))
-    try:
-        for i in range(count):
-            full = {**os.environ, "SY_NATS_URL": nats_url, "SY_WORKER_ID": f"bench-w{i}", **env}
-            log = (log_dir / f"worker-{i}.log").open("wb")
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "services.worker"],
-                    env=full,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-        time.sleep(0.2)
-        for p in procs:
-            if p.poll() is not None:
-                raise RuntimeError(f"a worker exited at start; see {log_dir}")
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
-
 async def wait_for_workers(js: JetStreamContext, ids: set[str], timeout: float = 60) -> None:
     """Until every worker in `ids` heartbeats with at least one bound partition."""
     kv = await js.key_value("fleet_workers")
@@ -82,3 +47,38 @@ async def wait_for_workers(js: JetStreamContext, ids: set[str], timeout: float =
             return
         await asyncio.sleep(0.1)
     raise TimeoutError(f"workers {sorted(ids - ready)} did not come up within {timeout}s")
+
+
+@contextlib.contextmanager
+def service_processes(
+    name: str, nats_url: str, envs: list[dict[str, str]]
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """One `python -m services.<name>` per entry of `envs` (`SY_*` overrides)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    log_dir = Path(tempfile.mkdtemp(prefix=f"sy-bench-{name}-"))
+    try:
+        for i, env in enumerate(envs):
+            full = {**os.environ, "SY_NATS_URL": nats_url, **env}
+            log = (log_dir / f"{name}-{i}.log").open("wb")
+            procs.append(
+                subprocess.Popen(  # noqa: S603 - our own interpreter and module name
+                    [sys.executable, "-m", f"services.{name}"],
+                    env=full,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        time.sleep(0.2)
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"a {name} process exited at start; see {log_dir}")
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()

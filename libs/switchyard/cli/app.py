@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from switchyard.cli import bench_commands, bus_commands, up
+from services.edge import cli as edge_cli
+from switchyard.cli import (
+    agent_commands,
+    audit_commands,
+    bench_commands,
+    bus_commands,
+    sql_commands,
+    up,
+)
 
 app = typer.Typer(
     name="sy",
@@ -15,6 +23,10 @@ app = typer.Typer(
 bus_commands.register(app)
 up.register(app)
 bench_commands.register(app)
+agent_commands.register(app)
+sql_commands.register(app)
+audit_commands.register(app)
+edge_cli.register(app)
 
 
 def main() -> None:

@@ -54,16 +54,22 @@ class Service:
     replicas: int = 1
 
 
+# The edge's local dev key `sk-local-dev` -> tenant `dev` (http://127.0.0.1:8080/v1).
+LOCAL_KEYS = "deploy/local/edge-keys.yaml"
+
 # Started in this order (consumers before their producers), stopped all at once.
 FLEET: tuple[Service, ...] = (
     Service("auditor", "services.auditor"),
     Service("executor", "services.executor"),
     Service("validator", "services.validator"),
-    Service("worker", "services.worker"),
+    # One pool per workload: chat (`llm`) and game-agent steps (`agent`).
+    Service("worker", "services.worker", {"SY_POOL": "llm"}),
+    Service("worker-agent", "services.worker", {"SY_POOL": "agent"}),
     Service("router", "services.router"),
     Service("sqlflow", "services.sqlflow"),
     Service("preprocessor", "services.preprocessor"),
-    Service("edge", "services.edge"),
+    # Local dev key `sk-local-dev` -> tenant `dev`; http://127.0.0.1:8080/v1.
+    Service("edge", "services.edge", {"SY_API_KEYS_FILE": LOCAL_KEYS, "SY_PORT": "8080"}),
 )
 
 
@@ -97,7 +103,7 @@ def plan(
             skipped.append(service)
             continue
         replicas, env = service.replicas, dict(service.env)
-        if service.name == "worker":
+        if service.module == "services.worker":
             replicas, env = workers, {**env, "SY_ENGINE": engine}
         for i in range(1, replicas + 1):
             name = service.name if replicas == 1 else f"{service.name}-{i}"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, RootModel, StringConstraints
 
 from switchyard.envelope import Envelope, Model, ShortText, UnixTime
 
@@ -83,3 +83,52 @@ class Done(Model):
 Action = Annotated[
     Click | LongPress | Swipe | TypeText | Back | Wait | Done, Field(discriminator="type")
 ]
+
+# A thought is a hint for debugging, never reasoning: every token of it is paid
+# for in decode time, which is the agent's latency budget.
+MAX_THOUGHT_CHARS = 80
+MAX_CHUNK = 5
+
+
+class ActionAnswer(RootModel[Action]):
+    """The most compact answer: one bare action object (~16 tokens)."""
+
+
+class ChunkAnswer(Model):
+    """An answer with action chunking and/or a short thought."""
+
+    thought: Annotated[str, StringConstraints(max_length=MAX_THOUGHT_CHARS)] | None = None
+    actions: Annotated[list[Action], Field(min_length=1, max_length=MAX_CHUNK)]
+
+
+def answer_schema(chunk: int = 1, thought: bool = False) -> dict[str, Any]:
+    """The JSON schema an agent step's answer is constrained to.
+
+    One action without a thought is a bare action object; otherwise an object
+    with up to `chunk` actions and, when allowed, a thought capped in length.
+    """
+    if chunk == 1 and not thought:
+        return _require_type(ActionAnswer.model_json_schema())
+    schema = _require_type(ChunkAnswer.model_json_schema())
+    schema["properties"]["actions"]["maxItems"] = max(1, min(chunk, MAX_CHUNK))
+    if not thought:
+        del schema["properties"]["thought"]
+    schema["required"] = ["actions"]
+    return schema
+
+
+def _require_type(schema: dict[str, Any]) -> dict[str, Any]:
+    # `type` has a default in the models, so pydantic leaves it optional; a
+    # constrained decoder must always emit it or the answer is ambiguous.
+    for definition in schema.get("$defs", {}).values():
+        if "type" in definition.get("properties", {}):
+            definition["required"] = ["type", *definition.get("required", [])]
+    return schema
+
+
+def parse_answer(text: str) -> list[Action]:
+    """The actions of an answer in either shape; raises `ValueError` if it is not one."""
+    stripped = text.strip()
+    if stripped.startswith("{") and '"actions"' in stripped:
+        return list(ChunkAnswer.model_validate_json(stripped).actions)
+    return [ActionAnswer.model_validate_json(stripped).root]

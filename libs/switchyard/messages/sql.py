@@ -76,7 +76,8 @@ class ExecuteReply(Envelope):
     rows_examined: int | None = None
     rows_estimated: int | None = None
     plan: Annotated[list[dict[str, Any]], Field(max_length=64)] = []
-    duration: float = 0.0
+    duration: float = 0.0  # the whole decision, seconds
+    db_duration: float | None = None  # the statement alone, in the database
     killed: bool = False
     kill_reason: ShortText | None = None
     rule: RuleId | None = None

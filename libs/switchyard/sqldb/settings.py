@@ -1,0 +1,105 @@
+"""Settings of the SQL side: the guard (signing key, policies), the database walls,
+the executor's limits and the demo data sizes. Env prefix `SY_`, e.g.
+`SY_SQL_SIGNING_KEY`, `SY_SQL_DB_SECRET`, `SY_SQL_STATEMENT_TIMEOUT`.
+
+The validator gets only `GuardSettings`; database secrets live in
+`DatabaseSettings`, which only the executor and the operator CLI load.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
+
+from switchyard.config import Settings
+from switchyard.sqldb.naming import Naming
+
+_NAME_PREFIX = r"^[a-z0-9_]{0,20}$"
+
+
+LOCAL_SIGNING_KEY = "changeme-local-signing-key"
+
+
+class GuardSettings(Settings):
+    # HMAC key shared by the validator (signs) and the executor (verifies).
+    sql_signing_key: SecretStr = SecretStr(LOCAL_SIGNING_KEY)
+    # One `<tenant>.yaml` policy per tenant, written by `sy sql provision`.
+    sql_policy_dir: Path = Path(".sy/sql-policies")
+
+    @model_validator(mode="after")
+    def _real_signing_key(self) -> GuardSettings:
+        # The local default is long enough for HMAC, so the base class's placeholder
+        # check would let it through: refuse it (and short keys) outside local.
+        key = self.sql_signing_key.get_secret_value()
+        if self.env != "local" and (key == LOCAL_SIGNING_KEY or len(key) < 32):
+            raise ValueError("SY_SQL_SIGNING_KEY must be a real key of 32+ characters")
+        return self
+
+
+class DatabaseSettings(Settings):
+    mysql_host: str = "127.0.0.1"
+    mysql_port: int = Field(default=3306, ge=1, le=65535)
+    # Every account password is derived from this secret (HMAC of the account name),
+    # so the executor and `sy sql provision` agree without a password file.
+    sql_db_secret: SecretStr = SecretStr("changeme")
+    sql_demo_prefix: str = Field(default="", pattern=_NAME_PREFIX)
+    sql_schema_prefix: str = Field(default="t_", pattern=_NAME_PREFIX)
+    sql_account_prefix: str = Field(default="sy_", pattern=_NAME_PREFIX)
+    sql_account_host: str = Field(default="%", pattern=r"^[A-Za-z0-9.%_:-]{1,60}$")
+    sql_audit_db: str = Field(default="sy_audit", pattern=r"^[a-z0-9_]{1,64}$")
+    # Caps the database enforces on each tenant account on its own, executor or not.
+    sql_max_user_connections: int = Field(default=10, ge=2, le=1000)
+    sql_user_statement_seconds: float = Field(default=30.0, gt=0, le=3600)
+    sql_planner_statement_seconds: float = Field(default=5.0, gt=0, le=600)
+
+
+class ExecutorLimits(Settings):
+    # Per-tenant pool; one more connection per tenant is kept free for KILL QUERY.
+    sql_pool_size: int = Field(default=4, ge=1, le=256)
+    sql_planner_pool_size: int = Field(default=4, ge=1, le=256)
+    # How long a request waits for a pooled connection before it is answered "busy".
+    sql_busy_timeout: float = Field(default=0.05, ge=0, le=10)
+    sql_statement_timeout: float = Field(default=10.0, gt=0, le=3600)
+    # The watchdog KILLs at deadline + grace; the client gives up at deadline + client grace.
+    sql_watchdog_grace: float = Field(default=0.25, ge=0, le=10)
+    sql_client_grace: float = Field(default=0.75, ge=0, le=10)
+    # Off only to prove the watchdog alone stops a runaway query.
+    sql_server_timeout: bool = True
+    sql_max_rows: int = Field(default=1000, ge=1, le=100_000)
+    sql_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    sql_explain_gate: bool = True
+    # A plan is refused when it scans a large table in full, when its estimated rows
+    # examined exceed the cap, or when it sorts or builds a temporary table that big.
+    sql_explain_max_rows: int = Field(default=50_000, ge=1)
+    sql_explain_large_table_rows: int = Field(default=20_000, ge=1)
+    sql_max_inflight: int = Field(default=64, ge=1, le=10_000)
+
+
+class DemoSettings(Settings):
+    sql_demo_tenants: list[str] = ["acme", "nova", "orbit", "zen"]
+    sql_demo_players: int = Field(default=100_000, ge=10, le=10_000_000)
+    sql_demo_days: int = Field(default=60, ge=2, le=3650)
+    sql_demo_servers: int = Field(default=8, ge=1, le=99)
+    sql_demo_start: dt.date = dt.date(2025, 1, 1)
+
+
+class AdminSettings(DatabaseSettings, GuardSettings, DemoSettings):
+    """What `sy sql demo-db` and `sy sql provision` read: the admin DSN on top."""
+
+    mysql_dsn: str = "mysql://root@127.0.0.1:3306"
+    sql_max_limit: int = Field(default=1000, ge=1, le=100_000)
+
+
+def naming(settings: DatabaseSettings) -> Naming:
+    return Naming(
+        demo_prefix=settings.sql_demo_prefix,
+        schema_prefix=settings.sql_schema_prefix,
+        account_prefix=settings.sql_account_prefix,
+        secret=settings.sql_db_secret.get_secret_value().encode(),
+    )
+
+
+class ExecutorConfig(DatabaseSettings, GuardSettings, ExecutorLimits):
+    """Everything the executor reads; `services.executor.settings` names it for the service."""

@@ -1,0 +1,63 @@
+"""Audit events of SQL decisions, on `audit.sql.<tenant>` (stream AUDIT).
+
+An event says what was decided about which statement: tenant, SQL text and
+hash, verdict, rule, plan summary, rows scanned and returned, duration,
+killed or not. It never carries result rows: only counts leave the executor
+towards the audit trail.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nats.js import JetStreamContext
+
+from switchyard import subjects
+from switchyard.bus.publish import publish
+from switchyard.messages.sql import AuditEvent
+from switchyard.sqlguard.signing import sql_hash
+
+MAX_SQL = 64 * 1024
+
+
+def sql_audit(
+    *,
+    tenant: str,
+    request_id: str,
+    event: str,
+    actor: str,
+    verdict: str,
+    sql: str | None,
+    rule: str | None = None,
+    question: str | None = None,
+    plan: list[dict[str, Any]] | None = None,
+    rows_scanned: int | None = None,
+    rows_returned: int | None = None,
+    duration: float | None = None,
+    killed: bool = False,
+    trace: str | None = None,
+    **detail: Any,
+) -> AuditEvent:
+    return AuditEvent(
+        tenant=tenant,
+        request_id=request_id,
+        event=event,
+        actor=actor,
+        verdict=verdict,
+        rule=rule,
+        question=question,
+        sql=sql[:MAX_SQL] if sql else None,
+        sql_hash=sql_hash(sql) if sql else None,
+        killed=killed,
+        plan=(plan or [])[:64],
+        rows_scanned=rows_scanned,
+        rows_returned=rows_returned,
+        duration=duration,
+        detail={k: v for k, v in detail.items() if v is not None},
+        trace=trace,
+    )
+
+
+async def publish_audit(js: JetStreamContext, event: AuditEvent, timeout: float = 2.0) -> None:
+    """Store the event in AUDIT; raises if the stream does not acknowledge it."""
+    await publish(js, subjects.audit("sql", event.tenant), event, timeout=timeout)

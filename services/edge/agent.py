@@ -1,0 +1,292 @@
+"""`POST /v1/agent/step`: the HTTP shape of an agent step, how it is read, and its answer.
+
+A step arrives as JSON (frames base64-encoded) or as `multipart/form-data`
+(frames as file parts named `frames`, the other fields as form fields:
+`history` may repeat, `options` is a JSON object). Both become one
+`AgentStepBody`; the edge adds the tenant (from the key, never the body), the
+id, the deadline and the reply inbox, and publishes an `AgentStep` on
+`agent.in.<tenant>`. The preprocessor's refusals come back typed and become
+HTTP statuses here (see `AGENT_STATUS`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from email.message import EmailMessage
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from services.edge.errors import ApiError
+from switchyard.envelope import SessionId, UnixTime
+from switchyard.messages.agent import Action, StepOptions, parse_answer
+from switchyard.messages.inference import ErrorInfo, GenerateResult, Usage
+
+MAX_FRAMES = 2
+HistoryLine = Annotated[str, StringConstraints(max_length=512)]
+
+# Agent-specific statuses, over the shared table in `errors.py`:
+# - `stale` -> 409: the frame is older than its budget when the fleet got to it; the
+#   request was well-formed, but acting on that screen would conflict with the game's
+#   current state. The client should capture a fresh frame (not retry the same one).
+# - a frame the preprocessor refuses as not-an-image/corrupt -> 422 with its typed code
+#   (`invalid_request`, `truncated`, `schema`); `oversized` (bytes, pixels, decompression
+#   bomb) stays 413. over_quota 429 + Retry-After, expired (deadline) 504 as everywhere.
+AGENT_STATUS: dict[str, int] = {
+    "stale": 409,
+    "invalid_request": 422,
+    "truncated": 422,
+    "schema": 422,
+    "malformed": 422,
+}
+
+
+class FrameIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    data: str = Field(min_length=1, description="the frame's bytes, base64 (PNG/JPEG/WebP)")
+    mime: Annotated[str, StringConstraints(max_length=100)] = "application/octet-stream"
+
+
+class _StepFields(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session: SessionId = Field(description="episode id (session affinity, KV reuse)")
+    frame_ts: UnixTime = Field(description="Unix seconds the (current) frame was captured")
+    step: int = Field(default=0, ge=0)
+    stale_after: float = Field(default=2.0, gt=0, le=3600, description="frame age budget, s")
+    goal: Annotated[str, StringConstraints(max_length=2048)] = ""
+    history: Annotated[list[HistoryLine], Field(max_length=256)] = []
+    options: StepOptions = StepOptions()
+
+
+class AgentStepBody(_StepFields):
+    """A JSON step. There is no `tenant` field: the tenant is the API key's."""
+
+    frames: Annotated[list[FrameIn], Field(min_length=1, max_length=MAX_FRAMES)] = Field(
+        description="one frame (current) or two (previous, current)"
+    )
+
+
+class StepTimings(BaseModel):
+    """Seconds. `queue`/`ttft`/`total` are the worker's; `edge` is the whole HTTP request."""
+
+    edge: float
+    queue: float
+    ttft: float | None = None
+    total: float
+    frame_age: float = Field(description="now - frame_ts when the answer left the edge")
+
+
+class AgentStepResponse(BaseModel):
+    request_id: str
+    status: Literal["ok"]
+    session: str
+    step: int
+    frame_ts: float
+    answer: Any = Field(description="the action JSON exactly as constrained (answer_schema)")
+    actions: list[Action]
+    thought: str | None = None
+    worker: str | None = None
+    usage: Usage
+    timings: StepTimings
+
+
+class StepInput(BaseModel):
+    """A step read from either encoding: the fields and the decoded frames."""
+
+    fields: _StepFields
+    frames: list[tuple[bytes, str]]
+
+
+def _invalid(message: str, param: str | None = None) -> ApiError:
+    return ApiError(422, message, code="invalid_request", param=param)
+
+
+def _from_validation(exc: ValidationError) -> ApiError:
+    errors = exc.errors()
+    if not errors:
+        return _invalid("invalid step")
+    where = ".".join(str(p) for p in errors[0]["loc"])
+    return _invalid(f"{where}: {errors[0]['msg']}", where or None)
+
+
+def check_frames(frames: list[tuple[bytes, str]], max_frame_bytes: int) -> None:
+    if not 1 <= len(frames) <= MAX_FRAMES:
+        raise _invalid(f"a step has 1 or {MAX_FRAMES} frames, got {len(frames)}", "frames")
+    for i, (data, _) in enumerate(frames):
+        if not data:
+            raise _invalid(f"frame {i} is empty", "frames")
+        if len(data) > max_frame_bytes:
+            raise ApiError(
+                413,
+                f"frame {i} is {len(data)} bytes, over the {max_frame_bytes}-byte cap per frame",
+                code="oversized",
+                param="frames",
+            )
+
+
+def parse_json(raw: bytes) -> StepInput:
+    try:
+        body = AgentStepBody.model_validate_json(raw)
+    except ValidationError as exc:
+        raise _from_validation(exc) from None
+    frames = []
+    for i, frame in enumerate(body.frames):
+        try:
+            frames.append((base64.b64decode(frame.data, validate=True), frame.mime))
+        except (binascii.Error, ValueError):
+            raise _invalid(f"frames.{i}.data is not valid base64", f"frames.{i}.data") from None
+    fields = _StepFields(**{name: getattr(body, name) for name in _StepFields.model_fields})
+    return StepInput(fields=fields, frames=frames)
+
+
+def parse_multipart(content_type: str, raw: bytes) -> StepInput:
+    head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1", "replace")
+    message = BytesParser(policy=HTTP).parsebytes(head + raw)
+    if not message.is_multipart():
+        raise _invalid("multipart body without parts or boundary")
+    values: dict[str, Any] = {}
+    history: list[str] = []
+    frames: list[tuple[bytes, str]] = []
+    assert isinstance(message, EmailMessage)
+    for part in message.iter_parts():
+        assert isinstance(part, EmailMessage)
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        data = payload if isinstance(payload, bytes) else b""
+        if name == "frames":
+            frames.append((data, part.get_content_type()))
+            continue
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise _invalid(f"form field {name!r} is not UTF-8", str(name)) from None
+        if name == "history":
+            history.append(text)
+        elif name == "options":
+            try:
+                values["options"] = json.loads(text)
+            except ValueError:
+                raise _invalid("options must be a JSON object", "options") from None
+        elif isinstance(name, str):
+            values[name] = text
+    if history:
+        values["history"] = history
+    for number in ("frame_ts", "stale_after"):
+        if number in values:
+            values[number] = _number(values[number], number, float)
+    if "step" in values:
+        values["step"] = _number(values["step"], "step", int)
+    try:
+        fields = _StepFields.model_validate(values)
+    except ValidationError as exc:
+        raise _from_validation(exc) from None
+    return StepInput(fields=fields, frames=frames)
+
+
+def _number(text: str, name: str, kind: type[float] | type[int]) -> float | int:
+    try:
+        return kind(text)
+    except ValueError:
+        raise _invalid(f"{name} must be a number", name) from None
+
+
+def agent_error(info: ErrorInfo) -> ApiError:
+    err = ApiError.from_info(info)
+    if info.code in AGENT_STATUS:
+        err.status = AGENT_STATUS[info.code]
+    return err
+
+
+def agent_failure(result: GenerateResult | None, info: ErrorInfo | None) -> ApiError:
+    if info is not None:
+        return agent_error(info)
+    if result is not None and result.error is not None:
+        return agent_error(result.error)
+    if result is not None:
+        return agent_error(ErrorInfo(code="internal", reason=f"step {result.status}"))
+    return ApiError(500, "reply stream ended without a result", "server_error", "internal")
+
+
+def response_of(
+    result: GenerateResult, fields: _StepFields, edge_seconds: float, now: float
+) -> AgentStepResponse:
+    try:
+        answer = json.loads(result.text)
+        actions = parse_answer(result.text)
+    except ValueError:
+        raise ApiError(
+            502, "the model's answer is not a valid action", "server_error", "engine_error"
+        ) from None
+    thought = answer.get("thought") if isinstance(answer, dict) else None
+    return AgentStepResponse(
+        request_id=result.request_id, status="ok", session=fields.session, step=fields.step,
+        frame_ts=fields.frame_ts, answer=answer, actions=actions,
+        thought=thought if isinstance(thought, str) else None, worker=result.worker,
+        usage=result.usage,
+        timings=StepTimings(
+            edge=edge_seconds, queue=result.timings.queue, ttft=result.timings.ttft,
+            total=result.timings.total, frame_age=max(0.0, now - fields.frame_ts),
+        ),
+    )  # fmt: skip
+
+
+_FRAME_JSON = {
+    "type": "object",
+    "properties": {
+        "data": {"type": "string", "contentEncoding": "base64", "minLength": 1},
+        "mime": {"type": "string", "maxLength": 100},
+    },
+    "required": ["data"],
+    "additionalProperties": False,
+}
+
+
+def openapi_request_body() -> dict[str, Any]:
+    """Both encodings, for the generated schema (the body is read by hand, see `parse_*`)."""
+    fields = _StepFields.model_json_schema()
+    fields.pop("$defs", None)
+    fields["properties"]["options"] = StepOptions.model_json_schema()  # inlined, no $ref
+    json_schema = {
+        **fields,
+        "title": "AgentStepBody",
+        "properties": {
+            **fields["properties"],
+            "frames": {"type": "array", "items": _FRAME_JSON, "minItems": 1, "maxItems": 2},
+        },
+        "required": [*fields.get("required", []), "frames"],
+        "additionalProperties": False,
+    }
+    form = {
+        "type": "object",
+        "properties": {
+            "frames": {
+                "type": "array",
+                "items": {"type": "string", "format": "binary"},
+                "minItems": 1,
+                "maxItems": 2,
+            },
+            "session": {"type": "string", "pattern": r"^[A-Za-z0-9_-]{1,64}$"},
+            "frame_ts": {"type": "number", "minimum": 0},
+            "step": {"type": "integer", "minimum": 0},
+            "stale_after": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+            "goal": {"type": "string", "maxLength": 2048},
+            "history": {"type": "array", "items": {"type": "string", "maxLength": 512}},
+            "options": {"type": "string", "description": "JSON object: chunk, thought, max_tokens"},
+        },
+        "required": ["frames", "session", "frame_ts"],
+    }
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": json_schema},
+                "multipart/form-data": {"schema": form},
+            },
+        },
+    }

@@ -1,0 +1,96 @@
+"""Pure-ASGI middleware: a request id for every request, the body-size cap, and metrics.
+
+Pure ASGI (not BaseHTTPMiddleware) so streaming responses are not buffered and
+a client disconnect still reaches the endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.edge import metrics
+from services.edge.errors import ApiError
+from switchyard.ids import new_id
+
+ROUTES = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/agent/step",
+        "/v1/models",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+    }
+)
+
+
+class EdgeMiddleware:
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, path_caps: dict[str, int] | None = None
+    ) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.path_caps = path_caps or {}  # a larger (or smaller) cap for some paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = new_id()
+        scope.setdefault("state", {})["request_id"] = request_id
+        started, status = time.perf_counter(), 500
+        path = scope.get("path", "")
+        route = path if path in ROUTES else "other"  # bounded label cardinality
+        cap = self.path_caps.get(path, self.max_body_bytes)
+
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > cap):
+            err = ApiError(413, f"request body over {cap} bytes", code="oversized")
+            await _send_error(send, err, request_id)
+            metrics.REQUESTS.labels(route, "413").inc()
+            return
+
+        seen = 0
+
+        async def capped_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > cap:  # a chunked body without Content-Length
+                    raise ApiError(413, f"request body over {cap} bytes", code="oversized")
+            return message
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", []))
+                if not any(k.lower() == b"x-request-id" for k, _ in headers):
+                    headers.append((b"x-request-id", request_id.encode()))
+                message["headers"] = headers
+                metrics.LATENCY.labels(route).observe(time.perf_counter() - started)
+            await send(message)
+
+        metrics.INFLIGHT.inc()
+        try:
+            await self.app(scope, capped_receive, send_with_id)
+        finally:
+            metrics.INFLIGHT.dec()
+            metrics.REQUESTS.labels(route, str(status)).inc()
+
+
+async def _send_error(send: Send, err: ApiError, request_id: str) -> None:
+    body = json.dumps(err.body(request_id)).encode()
+    headers: list[Any] = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id.encode()),
+    ]
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

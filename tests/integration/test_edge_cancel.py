@@ -1,0 +1,169 @@
+"""Cancellation and idempotency through the edge, observed at the worker: a `sim` engine
+slowed down (SY_SIM_DELAY_SCALE) so a long generation is still running when the client
+goes away or retries, and the worker's results read back from the RES stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+import yaml
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
+
+from switchyard import subjects
+from switchyard.bus.connection import Bus
+from switchyard.codec import decode
+from switchyard.messages.inference import GenerateResult
+from tests.support.edge import edge_in_process, write_keys
+from tests.support.fleet import (
+    preprocessor_in_process,
+    provision_pool,
+    router_in_process,
+    worker_in_process,
+)
+
+POOL = "edgesim"
+# ~12 ms of modelled time per decode step: 2,000 tokens ~ 24 modelled s, ~7 s on the wall.
+DELAY_SCALE = "0.3"
+LONG = 2000
+POLICY = {"default": {"itpm": 10_000_000, "otpm": 10_000_000, "max_queued_tokens": 50_000_000}}
+KEYS = {"sk-cut": {"tenant": "cut"}, "sk-idem": {"tenant": "idem"}}
+HELLO = [{"role": "user", "content": "Tell me a long story."}]
+
+
+@pytest.fixture(scope="module")
+async def edge(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    from switchyard.bus.connection import connect
+    from switchyard.config import Settings
+
+    tmp = tmp_path_factory.mktemp("edge-sim")
+    policy = tmp / "tenants.yaml"
+    policy.write_text(yaml.safe_dump(POLICY))
+    keys = write_keys(tmp / "keys.yaml", KEYS)
+    bus = await connect(Settings(nats_url=nats_url), "edge-sim-setup")
+    await provision_pool(bus.js, POOL)
+    await bus.close()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SY_SIM_DELAY_SCALE", DELAY_SCALE)
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(
+                router_in_process(nats_url, partitions=4, pools=[POOL], tenant_policy=policy,
+                                  rebalance_interval=0.2)
+            )  # fmt: skip
+            await stack.enter_async_context(
+                worker_in_process(nats_url, pool=POOL, engine="sim", assignment="kv",
+                                  worker_id=f"{POOL}-w0", heartbeat_interval=0.3)
+            )  # fmt: skip
+            await stack.enter_async_context(preprocessor_in_process(nats_url, chat_pool=POOL))
+            url = await stack.enter_async_context(
+                edge_in_process(nats_url, api_keys_file=keys, chat_pool=POOL)
+            )
+            await asyncio.sleep(1.0)  # heartbeats seen, partitions assigned
+            yield url
+
+
+@contextlib.asynccontextmanager
+async def results(bus: Bus, tenant: str) -> AsyncIterator[list[GenerateResult]]:
+    """Every result published on `res.llm.<tenant>` from now on (a JetStream subscription)."""
+    seen: list[GenerateResult] = []
+
+    async def on_msg(msg: Msg) -> None:
+        seen.append(decode(msg.data, GenerateResult))
+
+    sub = await bus.js.subscribe(
+        subjects.res("llm", tenant), cb=on_msg, deliver_policy=DeliverPolicy.NEW
+    )
+    try:
+        yield seen
+    finally:
+        await sub.unsubscribe()
+
+
+async def wait_for(pred: Callable[[], bool], timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise TimeoutError
+        await asyncio.sleep(0.05)
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_client_disconnect_mid_stream_cancels_the_generation(edge: str, bus: Bus) -> None:
+    body = {"model": "default", "messages": HELLO, "max_tokens": LONG, "stream": True}
+    async with results(bus, "cut") as seen:
+        chunks: list[dict[str, object]] = []
+        async with (
+            httpx.AsyncClient(base_url=edge, timeout=30) as http,
+            http.stream("POST", "/v1/chat/completions", json=body, headers=auth("sk-cut")) as r,
+        ):
+            assert r.status_code == 200
+            rid = r.headers["x-request-id"]
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    chunks.append(json.loads(line[6:]))
+                if len(chunks) >= 4:
+                    break
+            # Leaving both blocks drops the TCP connection with the body unread.
+        closed = time.monotonic()
+        await wait_for(lambda: any(x.request_id == rid for x in seen), timeout=5)
+        waited = time.monotonic() - closed
+    (mine,) = [x for x in seen if x.request_id == rid]
+    assert mine.status == "cancelled" and mine.finish_reason == "abort"
+    assert mine.error is not None and mine.error.code == "cancelled"
+    # The whole generation takes ~7 s; it stopped soon after the disconnect.
+    assert 1 <= mine.usage.completion_tokens < LONG // 4, mine.usage
+    assert waited < 3
+
+
+async def test_idempotent_retry_of_a_running_request_attaches_to_it(edge: str, bus: Bus) -> None:
+    # ~150 tokens: about half a second on the wall, so the retry lands mid-generation.
+    body = {"model": "default", "messages": HELLO, "max_tokens": 150}
+    headers = {**auth("sk-idem"), "Idempotency-Key": "attach-1"}
+    async with results(bus, "idem") as seen, httpx.AsyncClient(base_url=edge, timeout=30) as http:
+        first = asyncio.create_task(http.post("/v1/chat/completions", json=body, headers=headers))
+        await asyncio.sleep(0.25)
+        assert not first.done()
+        retry = await http.post("/v1/chat/completions", json=body, headers=headers)
+        original = await first
+        await asyncio.sleep(0.5)  # a second generation, if any, would have published by now
+    assert original.status_code == 200 and retry.status_code == 200, retry.text
+    assert retry.headers.get("idempotent-replayed") == "true"
+    assert "idempotent-replayed" not in original.headers
+    one, two = original.json(), retry.json()
+    assert one["id"] == two["id"]
+    assert one["choices"][0]["message"]["content"] == two["choices"][0]["message"]["content"]
+    assert one["usage"]["completion_tokens"] == 150
+    # One generation: exactly one result for the tenant, and it is the original's.
+    assert [(x.request_id, x.status) for x in seen] == [(original.headers["x-request-id"], "ok")]
+
+
+async def test_idempotent_retry_of_a_running_stream_attaches_too(edge: str, bus: Bus) -> None:
+    body = {"model": "default", "messages": HELLO, "max_tokens": 150, "stream": True}
+    headers = {**auth("sk-idem"), "Idempotency-Key": "attach-stream-1"}
+
+    async def text_of(http: httpx.AsyncClient) -> tuple[httpx.Response, str]:
+        parts: list[str] = []
+        async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        parts.append(choice["delta"].get("content") or "")
+        return r, "".join(parts)
+
+    async with results(bus, "idem") as seen, httpx.AsyncClient(base_url=edge, timeout=30) as http:
+        first = asyncio.create_task(text_of(http))
+        await asyncio.sleep(0.25)
+        (r2, t2), (r1, t1) = await text_of(http), await first
+        await asyncio.sleep(0.5)
+    assert r2.headers.get("idempotent-replayed") == "true"
+    assert t1 and t1 == t2
+    assert [x.request_id for x in seen] == [r1.headers["x-request-id"]]

@@ -1,0 +1,122 @@
+"""Run the edge in-process under uvicorn on a free port (the openai SDK needs real HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+import yaml
+
+from services.edge.app import create_app
+from services.edge.auth import hash_key
+from services.edge.settings import EdgeSettings
+
+
+def write_keys(path: Path, keys: dict[str, dict[str, Any]]) -> Path:
+    """`keys`: plain key -> {tenant, models?}; the file stores only hashes."""
+    path.write_text(yaml.safe_dump({"keys": {hash_key(k): v for k, v in keys.items()}}))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def edge_in_process(nats_url: str, **overrides: Any) -> AsyncIterator[str]:
+    """Yields the base URL (`http://127.0.0.1:<port>`)."""
+    settings = EdgeSettings(nats_url=nats_url, port=free_port(), **overrides)
+    config = uvicorn.Config(
+        create_app(settings), host="127.0.0.1", port=settings.port, log_level="warning",
+        lifespan="on",
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{settings.port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
+
+
+@contextlib.contextmanager
+def sim_fleet_in_thread(
+    nats_url: str, pool: str, policy: Path, delay_scale: float = 0.0
+) -> Iterator[None]:
+    """Router + `sim` worker + preprocessor on their own event loop in a thread.
+
+    For synchronous tests (schemathesis, benchmarks) whose callers do not run an asyncio
+    loop of their own while they wait on the fleet.
+    """
+    from switchyard.bus.connection import connect
+    from switchyard.config import Settings
+    from tests.support.fleet import (
+        preprocessor_in_process,
+        provision_pool,
+        router_in_process,
+        worker_in_process,
+    )
+
+    started, failed = threading.Event(), list[BaseException]()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        bus = await connect(Settings(nats_url=nats_url), "sim-fleet-setup")
+        await provision_pool(bus.js, pool)
+        await bus.close()
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(
+                router_in_process(nats_url, partitions=4, pools=[pool], tenant_policy=policy,
+                                  rebalance_interval=0.2)
+            )  # fmt: skip
+            # The engine reads `SY_SIM_*` when the worker starts it.
+            before = os.environ.get("SY_SIM_DELAY_SCALE")
+            os.environ["SY_SIM_DELAY_SCALE"] = str(delay_scale)
+            try:
+                await stack.enter_async_context(
+                    worker_in_process(nats_url, pool=pool, engine="sim", assignment="kv",
+                                      worker_id=f"{pool}-w0", heartbeat_interval=0.3)
+                )  # fmt: skip
+            finally:
+                if before is None:
+                    os.environ.pop("SY_SIM_DELAY_SCALE", None)
+                else:
+                    os.environ["SY_SIM_DELAY_SCALE"] = before
+            await stack.enter_async_context(preprocessor_in_process(nats_url, chat_pool=pool))
+            await asyncio.sleep(1.0)  # heartbeats seen, partitions assigned
+            started.set()
+            await stop.wait()
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(main())
+        except BaseException as exc:
+            failed.append(exc)
+        finally:
+            started.set()
+            loop.close()
+
+    thread = threading.Thread(target=run, name=f"sim-fleet-{pool}", daemon=True)
+    thread.start()
+    started.wait(60)
+    if failed:
+        raise failed[0]
+    try:
+        yield
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(60)
