@@ -108,6 +108,9 @@ class Placement:
             moves.append(Move(p, current, dst, reason))
             self.assignment[p] = dst
             self._moved_at[p] = now
+        # A joiner takes its share first, from the fullest workers, so no partition
+        # moves twice; then anything still over its bound is shed.
+        moves += self._fill_shortfall(eligible, counts, now)
         moves += self._shed_excess(eligible, counts, now)
         if load:
             spill = self._spill(eligible, load, now)
@@ -115,6 +118,35 @@ class Placement:
                 moves.append(spill)
                 self.assignment[spill.partition] = spill.dst
                 self._moved_at[spill.partition] = now
+        return moves
+
+    def _fill_shortfall(
+        self, workers: list[WorkerView], counts: dict[str, int], now: float
+    ) -> list[Move]:
+        """A worker with no partitions (one that joined a fleet already under its caps)
+        takes partitions from the fullest workers until it holds (1 - epsilon) x its
+        share; without this a late joiner would idle until something else moved.
+        Workers that hold any partitions are left alone: only joins move partitions here."""
+        total = sum(w.slots for w in workers)
+        moves: list[Move] = []
+        for w in workers:
+            if counts.get(w.worker, 0) > 0:
+                continue
+            floor = math.floor((1 - self.epsilon) * self.partitions * w.slots / total)
+            while counts.get(w.worker, 0) < floor:
+                donor = max(
+                    (o for o in workers if o.worker != w.worker),
+                    key=lambda o: counts.get(o.worker, 0) / o.slots,
+                    default=None,
+                )
+                if donor is None or counts.get(donor.worker, 0) <= floor:
+                    break
+                p = self.partitions_of(donor.worker)[-1]
+                counts[donor.worker] -= 1
+                counts[w.worker] = counts.get(w.worker, 0) + 1
+                self.assignment[p] = w.worker
+                self._moved_at[p] = now
+                moves.append(Move(p, donor.worker, w.worker, "spill"))
         return moves
 
     def _shed_excess(
