@@ -389,3 +389,40 @@ async def test_a_flood_of_huge_prompts_does_not_starve_a_light_tenant(
     assert all(r is not None and r.status == "ok" for r in heavy)
     # FIFO would make the light tenant wait behind all 12 heavy requests.
     assert max(busy) <= max(quiet) + service + 0.25
+
+
+async def test_two_backlogged_tenants_get_token_fair_service_on_nats(
+    bus: Bus, pool: str, policy_file: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tenant A sends 100-token prompts, B 2,000-token prompts, both always backlogged:
+    the weighted tokens each is served stay within the VTC bound of each other."""
+    monkeypatch.setenv("SY_SIM_MAX_NUM_SEQS", "1")
+    monkeypatch.setenv("SY_SIM_DELAY_SCALE", "0.1")
+    sizes = {"fair-a": 100, "fair-b": 2000}
+    served: Counter[str] = Counter()
+    w_in, w_out = 1.0, 2.0  # the router's defaults
+    stop = asyncio.Event()
+
+    async def tenant_loop(tenant: str) -> None:
+        async def one() -> None:
+            while not stop.is_set():
+                r = req(pool, tenant, prompt_tokens=sizes[tenant], sampling=Sampling(max_tokens=8))
+                result = final(await submit(bus, r)).result
+                if result is not None and result.status == "ok" and not stop.is_set():
+                    served[tenant] += int(
+                        w_in * sizes[tenant] + w_out * result.usage.completion_tokens
+                    )
+
+        await asyncio.gather(*(one() for _ in range(6)))  # 6 outstanding: always backlogged
+
+    async with fleet(nats_url, pool, policy_file, credit_per_slot=1):
+        loops = [asyncio.create_task(tenant_loop(t)) for t in sizes]
+        await asyncio.sleep(15.0)
+        stop.set()
+        await asyncio.gather(*loops)
+    bound = w_in * 2000 + w_out * 8  # the largest single request's cost
+    print(f"served weighted tokens over 15 s: {dict(served)}; bound {bound:.0f}")
+    assert served["fair-a"] > 0 and served["fair-b"] > 0
+    # One request in flight at a time (credit 1): within twice the bound, not 20x apart
+    # as request-count fairness would give.
+    assert abs(served["fair-a"] - served["fair-b"]) <= 2 * bound + bound
