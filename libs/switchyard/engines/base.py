@@ -18,6 +18,7 @@ from switchyard.messages.inference import (
     FinishReason,
     GenerateRequest,
     Image,
+    ImagePart,
     NoConstraint,
     Sampling,
 )
@@ -44,6 +45,17 @@ class EngineRequest:
     deadline: float | None = None  # absolute Unix seconds
     tenant: str = ""
     session: str | None = None  # lets a pool of engine instances keep a session warm
+
+    def loose_images(self) -> list[Image]:
+        """Images that no message part refers to (engines attach them to the last user turn)."""
+        named = {
+            part.hash
+            for m in self.messages or ()
+            if not isinstance(m.content, str)
+            for part in m.content
+            if isinstance(part, ImagePart)
+        }
+        return [img for img in self.images if img.hash not in named]
 
     @classmethod
     def from_generate(cls, req: GenerateRequest) -> EngineRequest:

@@ -71,14 +71,7 @@ def render_prompt(request: EngineRequest, s: ImageTokenSettings) -> list[str]:
         for img in request.images:
             tokens += image_tokens(img.hash, img, s)
         return tokens + pseudo_tokens(request.prompt or "")
-    named = {
-        p.hash
-        for m in request.messages
-        if not isinstance(m.content, str)
-        for p in m.content
-        if isinstance(p, ImagePart)
-    }
-    loose = [img for img in request.images if img.hash not in named]
+    loose = request.loose_images()
     users = [i for i, m in enumerate(request.messages) if m.role == "user"]
     last_user = users[-1] if users else -1
     tokens = []

@@ -181,14 +181,7 @@ def chat_conversation(request: EngineRequest) -> tuple[list[dict[str, Any]], lis
     """
     assert request.messages is not None
     by_hash = {img.hash: img for img in request.images}
-    named = {
-        p.hash
-        for m in request.messages
-        if not isinstance(m.content, str)
-        for p in m.content
-        if isinstance(p, ImagePart)
-    }
-    loose = [img for img in request.images if img.hash not in named]
+    loose = request.loose_images()
     users = [i for i, m in enumerate(request.messages) if m.role == "user"]
     if loose and not users:
         raise EngineError("images need a user message to go in", code="invalid_request")
