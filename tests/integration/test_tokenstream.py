@@ -51,3 +51,19 @@ async def test_lost_end_of_stream_times_out_with_a_clear_error(bus: Bus) -> None
             async for frame in reader:
                 got.append(frame.text)
     assert got == ["a", "b"]
+
+
+async def test_a_taken_over_stream_continues_without_repeating_text(bus: Bus) -> None:
+    """Worker A dies after two deltas; worker B (attempt 2) streams the request again."""
+    async with TokenStreamReader(bus.nc, idle_timeout=5) as reader:
+        first = TokenStreamWriter(bus.nc, reader.inbox, attempt=1)
+        await first.delta("ab")
+        await first.delta("cd")
+        second = TokenStreamWriter(bus.nc, reader.inbox, attempt=2)
+        for piece in ("ab", "cd", "ef"):
+            await second.delta(piece)
+        await first.delta("late")  # a straggler from the dead attempt is ignored
+        await second.end(GenerateResult(tenant="t", request_id="R", workload="llm", status="ok"))
+        frames = [f async for f in reader]
+    assert "".join(f.text for f in frames if f.type == "delta") == "abcdef"
+    assert frames[-1].type == "end"
