@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import math
 import tempfile
 import time
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from switchyard import subjects
 from switchyard.agentprompt import build_messages, fit
 from switchyard.bench.fleetproc import nats_for_bench, service_processes, wait_for_workers
 from switchyard.bench.phoneframes import draw_frame
+from switchyard.bench.stats import percentile
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.provision import provision
 from switchyard.bus.publish import publish
@@ -96,13 +96,6 @@ class AgentSimReport:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def _common_prefix(a: list[str], b: list[str]) -> int:
@@ -199,8 +192,8 @@ def summarise(cfg: AgentSimConfig, recs: list[StepRecord], wall: float) -> Agent
         stale=sum(r.status == "stale" for r in recs),
         errors=errors,
         invalid_actions=sum(not r.valid for r in ok),
-        latency_p50_ms=round(_pct([r.latency_s for r in ok], 0.5) * 1000, 1),
-        latency_p99_ms=round(_pct([r.latency_s for r in ok], 0.99) * 1000, 1),
+        latency_p50_ms=round(percentile([r.latency_s for r in ok], 0.5) * 1000, 1),
+        latency_p99_ms=round(percentile([r.latency_s for r in ok], 0.99) * 1000, 1),
         prefix_hit_rate=ratio(cached, sum(r.prompt_tokens for r in later)),
         prefix_hit_rate_first_step=ratio(
             sum(r.cached_tokens for r in first), sum(r.prompt_tokens for r in first)

@@ -33,6 +33,7 @@ import yaml
 
 from switchyard import subjects
 from switchyard.bench.fleetproc import nats_for_bench, wait_for_workers
+from switchyard.bench.stats import percentile
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.provision import provision
 from switchyard.bus.publish import publish
@@ -72,13 +73,6 @@ class EdgeBench:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
 
 
 def _messages(i: int) -> list[dict[str, str]]:
@@ -255,12 +249,12 @@ async def _bench(nats_url: str, requests: int, concurrency: int, max_tokens: int
         requests_per_path=requests,
         concurrency=concurrency,
         max_tokens=max_tokens,
-        direct_p50_ms=round(percentile(d, 50), 2),
-        direct_p99_ms=round(percentile(d, 99), 2),
-        edge_p50_ms=round(percentile(e, 50), 2),
-        edge_p99_ms=round(percentile(e, 99), 2),
-        added_p50_ms=round(percentile(e, 50) - percentile(d, 50), 2),
-        added_p99_ms=round(percentile(e, 99) - percentile(d, 99), 2),
+        direct_p50_ms=round(percentile(d, 0.5), 2),
+        direct_p99_ms=round(percentile(d, 0.99), 2),
+        edge_p50_ms=round(percentile(e, 0.5), 2),
+        edge_p99_ms=round(percentile(e, 0.99), 2),
+        added_p50_ms=round(percentile(e, 0.5) - percentile(d, 0.5), 2),
+        added_p99_ms=round(percentile(e, 0.99) - percentile(d, 0.99), 2),
         direct_mean_ms=round(statistics.fmean(d), 2),
         edge_mean_ms=round(statistics.fmean(e), 2),
         wall_s=round(wall, 2),

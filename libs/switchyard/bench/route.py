@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
 import statistics
 import time
 from collections import Counter, defaultdict
@@ -49,6 +48,7 @@ from typing import Literal
 
 from pydantic import RootModel
 
+from switchyard.bench.stats import percentile
 from switchyard.engines.base import EngineError, EngineRequest
 from switchyard.engines.sim import SimEngine, SimSettings, SimTimings, pseudo_tokens
 from switchyard.messages.agent import Action
@@ -259,14 +259,6 @@ async def _run_policy(policy: Policy, cfg: RouteConfig) -> PolicyResult:
     return _summarise(cfg, steps, time.perf_counter() - started)
 
 
-def _pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile; 0 when there are no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
 def _hit_rate(timings: list[SimTimings]) -> float:
     prompt = sum(t.prompt_tokens for t in timings)
     return sum(t.cached_tokens for t in timings) / prompt if prompt else 0.0
@@ -291,10 +283,10 @@ def _summarise(cfg: RouteConfig, steps: list[_Step], wall: float) -> PolicyResul
         failed=len(steps) - len(ok),
         prefix_hit_rate=round(_hit_rate(timings), 4),
         prefix_hit_rate_after_first=round(_hit_rate([t for s, t in ok if s.step > 0]), 4),
-        ttft_p50_ms=round(_pct(ttft, 0.5) * 1000, 1),
-        ttft_p99_ms=round(_pct(ttft, 0.99) * 1000, 1),
-        step_p50_ms=round(_pct([t.total for t in timings], 0.5) * 1000, 1),
-        step_p99_ms=round(_pct([t.total for t in timings], 0.99) * 1000, 1),
+        ttft_p50_ms=round(percentile(ttft, 0.5) * 1000, 1),
+        ttft_p99_ms=round(percentile(ttft, 0.99) * 1000, 1),
+        step_p50_ms=round(percentile([t.total for t in timings], 0.5) * 1000, 1),
+        step_p99_ms=round(percentile([t.total for t in timings], 0.99) * 1000, 1),
         load_imbalance=round(max(busy) / mean_busy, 3) if mean_busy else 0.0,
         throughput_steps_per_s=round(len(ok) / makespan, 2) if makespan else 0.0,
         makespan_s=round(makespan, 3),

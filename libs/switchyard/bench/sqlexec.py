@@ -26,6 +26,7 @@ from typing import Any
 
 from switchyard import subjects
 from switchyard.bench.fleetproc import nats_for_bench
+from switchyard.bench.stats import percentile
 from switchyard.bus import rpc
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.provision import provision
@@ -105,11 +106,6 @@ class ExecBench:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 @contextlib.contextmanager
@@ -276,7 +272,7 @@ def run_exec_bench(
         return PathResult(
             requests=len(lat), queries_per_s=round(len(lat) / wall, 2),
             p50_ms=round(statistics.median(lat) * 1000, 2),
-            p99_ms=round(_pct(lat, 0.99) * 1000, 2),
+            p99_ms=round(percentile(lat, 0.99) * 1000, 2),
             rows_examined_per_query=round(sum(rows) / max(1, len(rows)), 1),
         )  # fmt: skip
 

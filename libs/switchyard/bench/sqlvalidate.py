@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from switchyard.bench.stats import percentile
 from switchyard.sqlguard import corpora
 from switchyard.sqlguard.policy import Policy
 from switchyard.sqlguard.validator import validate
@@ -35,13 +36,6 @@ class ValidateBench:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[index]
 
 
 def run_validate_bench(directory: Path, rounds: int = 1) -> ValidateBench:
@@ -78,7 +72,7 @@ def run_validate_bench(directory: Path, rounds: int = 1) -> ValidateBench:
         rounds=rounds,
         validations_per_s=round(len(latencies) / elapsed, 1),
         p50_ms=round(statistics.median(ordered) * 1000, 3) if ordered else 0.0,
-        p99_ms=round(_percentile(ordered, 0.99) * 1000, 3),
+        p99_ms=round(percentile(ordered, 0.99) * 1000, 3),
         max_ms=round(ordered[-1] * 1000, 3) if ordered else 0.0,
         gold_accepted=accepted["gold"],
         gold_total=len(gold),
