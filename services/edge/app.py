@@ -58,7 +58,13 @@ from switchyard.errors import SwitchyardError
 from switchyard.logging import get_logger
 from switchyard.messages.agent import AgentStep, RawFrame
 from switchyard.messages.fleet import WorkerHeartbeat
-from switchyard.messages.inference import ChatRequest, ErrorInfo, GenerateResult, TokenFrame
+from switchyard.messages.inference import (
+    ChatRequest,
+    ErrorInfo,
+    GenerateResult,
+    TokenFrame,
+    Workload,
+)
 
 log = get_logger(__name__)
 
@@ -318,20 +324,29 @@ def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
         metrics.TOKENS.labels(who.tenant).inc(result.usage.completion_tokens)
         return JSONResponse(out.model_dump(mode="json"))
 
-    async def replay_step(
+    async def original_result(
         idem: Idempotency, who: Principal, key: str, claim: Claim, mine: Claim,
-        step_in: StepInput, started: float,
-    ) -> Response:  # fmt: skip
-        """A retried step (same tenant, same key): the original's answer, never a new run."""
+        workload: Workload,
+    ) -> GenerateResult:  # fmt: skip
+        """The result of the request a retried Idempotency-Key first started (waiting for it
+        if it still runs); the key may not be reused for a different request."""
         if claim.fingerprint != mine.fingerprint:
             raise ApiError(
                 422, "Idempotency-Key reused with a different request", code="idempotency"
             )
         result = claim.result or await idem.wait_result(
-            who.tenant, key, "agent", claim.request_id, settings.idempotency_wait
+            who.tenant, key, workload, claim.request_id, settings.idempotency_wait
         )
         if result is None:
             raise ApiError(409, "the original request is still running", code="idempotency")
+        return result
+
+    async def replay_step(
+        idem: Idempotency, who: Principal, key: str, claim: Claim, mine: Claim,
+        step_in: StepInput, started: float,
+    ) -> Response:  # fmt: skip
+        """A retried step (same tenant, same key): the original's answer, never a new run."""
+        result = await original_result(idem, who, key, claim, mine, "agent")
         if result.status != "ok":
             raise agent_failure(result, None)
         out = response_of(result, step_in.fields, time.perf_counter() - started, time.time())
@@ -431,15 +446,7 @@ def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
         body: ChatCompletionRequest,
     ) -> Response:
         """A retry with a known Idempotency-Key: the original's result, never a new run."""
-        if claim.fingerprint != mine.fingerprint:
-            raise ApiError(
-                422, "Idempotency-Key reused with a different request", code="idempotency"
-            )
-        result = claim.result or await idem.wait_result(
-            who.tenant, key, "llm", claim.request_id, settings.idempotency_wait
-        )
-        if result is None:
-            raise ApiError(409, "the original request is still running", code="idempotency")
+        result = await original_result(idem, who, key, claim, mine, "llm")
         if result.status != "ok":
             raise ApiError.from_result(result)
         headers = {"x-request-id": claim.request_id, "Idempotent-Replayed": "true"}

@@ -38,6 +38,17 @@ def _admin_settings(dsn: str | None, **overrides: Any) -> Any:
         raise typer.BadParameter(str(exc)) from exc
 
 
+def _admin_connection(dsn: str) -> Any:
+    """The admin connection, or a one-line error and exit 1 when the server is unreachable."""
+    from switchyard.sqldb.admin import connect_admin
+
+    try:
+        return connect_admin(dsn)
+    except Exception as exc:
+        err.print(f"[red]cannot connect to {dsn}:[/red] {exc}")
+        raise typer.Exit(1) from exc
+
+
 def _verdict_for_line(line: str, policy: Policy, lines: bool, allow_any_table: bool) -> Verdict:
     text = line.rstrip("\r\n")
     if lines:
@@ -97,7 +108,6 @@ def demo_db(
 ) -> None:
     """Create (or verify) the demo game_ops and game_pay databases; idempotent."""
     from switchyard.sqldb import demo
-    from switchyard.sqldb.admin import connect_admin
     from switchyard.sqldb.settings import naming
 
     settings = _admin_settings(
@@ -108,11 +118,7 @@ def demo_db(
         sql_demo_tenants=tenants.split(",") if tenants else None,
     )
     names = naming(settings)
-    try:
-        conn = connect_admin(settings.mysql_dsn)
-    except Exception as exc:
-        err.print(f"[red]cannot connect to {settings.mysql_dsn}:[/red] {exc}")
-        raise typer.Exit(1) from exc
+    conn = _admin_connection(settings.mysql_dsn)
     try:
         if drop:
             demo.drop(conn, names.ops_db, names.pay_db)
@@ -144,17 +150,12 @@ def provision(
     auditor: Annotated[bool, typer.Option(help="also the INSERT-only auditor account")] = True,
 ) -> None:
     """Per-tenant views, a SELECT-only account and its policy; the auditor account."""
-    from switchyard.sqldb.admin import connect_admin
     from switchyard.sqldb.provision import provision_auditor, provision_tenant
     from switchyard.sqldb.settings import naming
 
     settings = _admin_settings(dsn, sql_policy_dir=policy_dir)
     names = naming(settings)
-    try:
-        conn = connect_admin(settings.mysql_dsn)
-    except Exception as exc:
-        err.print(f"[red]cannot connect to {settings.mysql_dsn}:[/red] {exc}")
-        raise typer.Exit(1) from exc
+    conn = _admin_connection(settings.mysql_dsn)
     try:
         for t in tenant:
             r = provision_tenant(
