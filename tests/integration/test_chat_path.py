@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from services.preprocessor.chat import estimate_tokens
 from switchyard import subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
 from switchyard.messages.inference import ChatMessage, ChatRequest, Sampling
+from switchyard.token_estimate import estimate_tokens
 from tests.support.fleet import (
     preprocessor_in_process,
     provision_pool,
@@ -20,7 +20,7 @@ from tests.support.fleet import (
 
 def test_token_estimate_is_conservative() -> None:
     msgs = [ChatMessage(role="system", content="x" * 400), ChatMessage(role="user", content="hi")]
-    assert estimate_tokens(msgs) == (4 + 100) + (4 + 1)
+    assert estimate_tokens(msgs) == (4 + 134) + (4 + 1)
 
 
 async def test_chat_request_is_prepared_routed_and_answered(

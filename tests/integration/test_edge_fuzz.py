@@ -34,11 +34,12 @@ def edge_schema(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     policy = tmp / "tenants.yaml"
     policy.write_text(yaml.safe_dump(POLICY))
     keys = write_keys(tmp / "keys.yaml", {KEY: {"tenant": "fuzz"}})
-    with sim_fleet_in_thread(nats_url, POOL, policy, delay_scale=0.0):
+    with sim_fleet_in_thread(nats_url, POOL, policy, delay_scale=0.0, sqlflow_dir=tmp):
         # Short waits: a request the fleet cannot answer fails fast instead of hanging.
         app = create_app(
             EdgeSettings(nats_url=nats_url, api_keys_file=keys, chat_pool=POOL,
-                         request_timeout=20, idle_timeout=10, idempotency_wait=10)
+                         request_timeout=20, idle_timeout=10, idempotency_wait=10,
+                         sql_timeout=10)
         )  # fmt: skip
         schema = schemathesis.openapi.from_asgi("/openapi.json", app)
         # A generated body over the size cap is refused with 413 before it is parsed.

@@ -16,6 +16,7 @@ from switchyard.engines.llamacpp import LlamaCppEngine, LlamaCppSettings
 from switchyard.engines.model_files import smollm2_gguf
 from switchyard.messages.inference import (
     ChatMessage,
+    ChoiceConstraint,
     Constraint,
     GrammarConstraint,
     ImagePart,
@@ -172,6 +173,25 @@ async def test_gbnf_constraint(engine: LlamaCppEngine) -> None:
     deltas = await collect(engine, req)
     assert text_of(deltas) in ("yes", "no")
     assert deltas[-1].finish_reason == "stop"
+
+
+async def test_choice_constraint_answers_exactly_one_choice(engine: LlamaCppEngine) -> None:
+    # Quotes, backslashes and a newline must reach llama.cpp escaped, as themselves.
+    choices = ["red", "dark blue", 'say "green"', "back\\slash", "two\nlines"]
+    seen = set()
+    for seed in range(6):
+        req = request(
+            "Pick a colour.",
+            max_tokens=16,
+            constraint=ChoiceConstraint(choices=choices),
+            temperature=1.0,
+            seed=seed,
+        )
+        deltas = await collect(engine, req)
+        assert text_of(deltas) in choices
+        assert deltas[-1].finish_reason == "stop"
+        seen.add(text_of(deltas))
+    assert len(seen) > 1  # sampled, not one fixed answer
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

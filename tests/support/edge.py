@@ -17,6 +17,7 @@ import yaml
 from services.edge.app import create_app
 from services.edge.auth import hash_key
 from services.edge.settings import EdgeSettings
+from tests.conftest import REPO
 
 
 def write_keys(path: Path, keys: dict[str, dict[str, Any]]) -> Path:
@@ -54,9 +55,12 @@ async def edge_in_process(nats_url: str, **overrides: Any) -> AsyncIterator[str]
 
 @contextlib.contextmanager
 def sim_fleet_in_thread(
-    nats_url: str, pool: str, policy: Path, delay_scale: float = 0.0
-) -> Iterator[None]:
-    """Router + `sim` worker + preprocessor on their own event loop in a thread.
+    nats_url: str, pool: str, policy: Path, delay_scale: float = 0.0,
+    sqlflow_dir: Path | None = None,
+) -> Iterator[None]:  # fmt: skip
+    """Router + `sim` worker + preprocessor on their own event loop in a thread; with
+    `sqlflow_dir`, a sqlflow too (no SQL policies there: every question is answered
+    `unknown_tenant` at once, without a model or a database).
 
     For synchronous tests (schemathesis, benchmarks) whose callers do not run an asyncio
     loop of their own while they wait on the fleet.
@@ -97,6 +101,8 @@ def sim_fleet_in_thread(
                 else:
                     os.environ["SY_SIM_DELAY_SCALE"] = before
             await stack.enter_async_context(preprocessor_in_process(nats_url, chat_pool=pool))
+            if sqlflow_dir is not None:
+                await stack.enter_async_context(sqlflow_without_policies(nats_url, sqlflow_dir))
             await asyncio.sleep(1.0)  # heartbeats seen, partitions assigned
             started.set()
             await stop.wait()
@@ -120,3 +126,25 @@ def sim_fleet_in_thread(
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(60)
+
+
+@contextlib.asynccontextmanager
+async def sqlflow_without_policies(nats_url: str, where: Path) -> AsyncIterator[None]:
+    from services.sqlflow.service import run_sqlflow
+    from services.sqlflow.settings import SqlflowSettings
+    from switchyard.bus.connection import connect
+
+    (where / "policies").mkdir(parents=True, exist_ok=True)
+    settings = SqlflowSettings(
+        nats_url=nats_url, knowledge_dir=REPO / "deploy" / "knowledge",
+        knowledge_index=where / "index", sql_policy_dir=where / "policies",
+    )  # fmt: skip
+    bus = await connect(settings, "test-sqlflow")
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_sqlflow(bus, stop, settings))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+        await bus.close()

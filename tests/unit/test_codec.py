@@ -30,6 +30,7 @@ from switchyard.messages.sql import (
     AuditEvent,
     ExecuteReply,
     ExecuteRequest,
+    SqlAnswer,
     SqlAsk,
     StageEvent,
     ValidateReply,
@@ -109,6 +110,17 @@ SAMPLES = [
     ),
     ExecuteReply(tenant="t1", request_id="R1", ok=True, columns=["a"], rows=[[1], [None]]),
     StageEvent(tenant="t1", request_id="R1", stage="sql", data={"sql": "SELECT 1"}),
+    SqlAnswer(
+        tenant="t1",
+        request_id="R1",
+        status="ok",
+        path="verified",
+        question="n?",
+        sql="SELECT 1",
+        columns=["1"],
+        rows=[[1]],
+        stages={"rows": 0.01},
+    ),
     AuditEvent(tenant="t1", request_id="R1", event="sql.validate", actor="validator", verdict="ok"),
 ]
 PLAIN = [

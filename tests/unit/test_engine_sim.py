@@ -30,6 +30,7 @@ from switchyard.engines.sim import (
 from switchyard.messages.agent import Action
 from switchyard.messages.inference import (
     ChatMessage,
+    ChoiceConstraint,
     Constraint,
     GrammarConstraint,
     Image,
@@ -550,6 +551,21 @@ async def test_other_constraints(constraint: Constraint, expected: str) -> None:
         deltas = await run(engine, step("c", [], "x", max_tokens=64, constraint=constraint))
     assert "".join(d.text for d in deltas) == expected
     assert deltas[-1].finish_reason == "stop"
+
+
+async def test_choice_output_is_one_of_the_choices_and_follows_the_prompt() -> None:
+    choices = ["yes", "no", "maybe later"]
+    constraint = ChoiceConstraint(choices=choices)
+    async with sim() as engine:
+        outputs = []
+        for i in range(30):
+            deltas = await run(engine, step(f"ch{i}", [], f"question {i}", constraint=constraint))
+            outputs.append("".join(d.text for d in deltas))
+            assert deltas[-1].finish_reason == "stop"
+        replay = await run(engine, step("again", [], "question 0", constraint=constraint))
+    assert set(outputs) <= set(choices)
+    assert len(set(outputs)) > 1  # the pick depends on the prompt...
+    assert "".join(d.text for d in replay) == outputs[0]  # ...and only on it
 
 
 async def test_unsatisfiable_schema_is_invalid_request() -> None:

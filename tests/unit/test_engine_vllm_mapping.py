@@ -90,6 +90,7 @@ from switchyard.engines.vllm import (
 )
 from switchyard.messages.inference import (
     ChatMessage,
+    ChoiceConstraint,
     Constraint,
     GrammarConstraint,
     Image,
@@ -518,6 +519,7 @@ SCHEMA = {"type": "object", "properties": {"x": {"type": "integer"}}, "required"
         (GrammarConstraint(gbnf='root ::= "tap"'), "grammar", 'root ::= "tap"'),
         (RegexConstraint(pattern=r"tap \d+"), "regex", r"tap \d+"),
         (JsonObjectConstraint(), "json_object", True),
+        (ChoiceConstraint(choices=["yes", "no"]), "choice", ["yes", "no"]),
     ],
 )
 async def test_structured_outputs(
@@ -552,13 +554,14 @@ async def test_no_legacy_guided_decoding_names(fake_vllm: type[AsyncLLM]) -> Non
         GrammarConstraint(gbnf='root ::= "a"'),
         RegexConstraint(pattern="a+"),
         JsonObjectConstraint(),
+        ChoiceConstraint(choices=["a"]),
         NoConstraint(),
     ):
         mapped(agent_request(constraint=c))
-    assert len(SamplingParams.made) == 5
+    assert len(SamplingParams.made) == 6
     for kwargs in SamplingParams.made:
         assert not [k for k in kwargs if "guided" in k.lower()]
-    assert ["structured_outputs" in kw for kw in SamplingParams.made] == [True] * 4 + [False]
+    assert ["structured_outputs" in kw for kw in SamplingParams.made] == [True] * 5 + [False]
 
 
 async def test_multimodal_uuids_are_frame_hashes_in_placeholder_order(

@@ -186,4 +186,9 @@ def provision(
 
 
 def register(app: typer.Typer) -> None:
+    from switchyard.cli import text2sql_commands
+    from switchyard.cli.knowledge_commands import knowledge
+
+    sql.add_typer(knowledge, name="knowledge")
+    text2sql_commands.register(sql)
     app.add_typer(sql, name="sql")

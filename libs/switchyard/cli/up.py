@@ -62,9 +62,10 @@ FLEET: tuple[Service, ...] = (
     Service("auditor", "services.auditor"),
     Service("executor", "services.executor"),
     Service("validator", "services.validator"),
-    # One pool per workload: chat (`llm`) and game-agent steps (`agent`).
+    # One pool per workload: chat (`llm`), game-agent steps (`agent`), Text2SQL (`sql`).
     Service("worker", "services.worker", {"SY_POOL": "llm"}),
     Service("worker-agent", "services.worker", {"SY_POOL": "agent"}),
+    Service("worker-sql", "services.worker", {"SY_POOL": "sql"}),
     Service("router", "services.router"),
     Service("sqlflow", "services.sqlflow"),
     Service("preprocessor", "services.preprocessor"),

@@ -44,6 +44,7 @@ from switchyard.engines.base import (
 from switchyard.engines.model_files import smollm2_gguf
 from switchyard.messages.inference import (
     ChatMessage,
+    ChoiceConstraint,
     Constraint,
     FinishReason,
     GrammarConstraint,
@@ -508,16 +509,35 @@ def _grammar(llm: Llama, constraint: Constraint) -> LlamaGrammar | None:
             ) from e
     elif isinstance(constraint, GrammarConstraint):
         gbnf = constraint.gbnf
+    elif isinstance(constraint, ChoiceConstraint):
+        gbnf = choice_gbnf(constraint.choices)
     else:
         raise EngineError(
             f"the llamacpp engine does not support {constraint.type} constraints",
             code="invalid_request",
         )
-    _check_gbnf(llm, gbnf)
+    check_gbnf(llm, gbnf)
     return llama_grammar.LlamaGrammar.from_string(gbnf, verbose=False)
 
 
-def _check_gbnf(llm: Llama, gbnf: str) -> None:
+def gbnf_literal(text: str) -> str:
+    """`text` as a GBNF string literal: matches exactly `text`."""
+    escaped = (
+        text.replace("\\", "\\\\")
+        .replace('"', '\\"')
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+        .replace("\t", "\\t")
+    )
+    return f'"{escaped}"'
+
+
+def choice_gbnf(choices: Sequence[str]) -> str:
+    """A grammar whose only sentences are `choices`."""
+    return "root ::= " + " | ".join(gbnf_literal(c) for c in choices) + "\n"
+
+
+def check_gbnf(llm: Llama, gbnf: str) -> None:
     """Parse a grammar with llama.cpp itself.
 
     LlamaGrammar.from_string does not parse; the sampler does, and on a bad grammar

@@ -6,6 +6,8 @@ request asked for, because that is what callers and load tests observe:
 - no constraint: exactly `max_tokens` filler words (finish ``"length"``);
 - a JSON schema: a small valid instance (`schema_instance`), a JSON-object
   constraint: ``{}``;
+- a choice: one of the choices, drawn from the request's generator (so the same
+  prompt picks the same one, as greedy decoding would);
 - a grammar or regex: `CONSTRAINED_PLACEHOLDER`, a fixed text the simulator
   cannot make match (it cannot sample from an arbitrary GBNF grammar or regex;
   its token count is what matters for timing, and callers must not validate it);
@@ -26,6 +28,7 @@ from switchyard.engines.base import EngineRequest
 from switchyard.engines.schema_instance import schema_instance
 from switchyard.engines.sim_tokens import WORDS, pseudo_tokens
 from switchyard.messages.inference import (
+    ChoiceConstraint,
     FinishReason,
     GrammarConstraint,
     JsonObjectConstraint,
@@ -55,6 +58,8 @@ def plan_output(request: EngineRequest, rng: random.Random) -> SimOutput:
         text = json.dumps(schema_instance(c.json_schema, rng), separators=(",", ":"))
     elif isinstance(c, JsonObjectConstraint):
         text = "{}"
+    elif isinstance(c, ChoiceConstraint):
+        text = rng.choice(c.choices)
     elif isinstance(c, GrammarConstraint | RegexConstraint):
         text = CONSTRAINED_PLACEHOLDER
     else:

@@ -45,6 +45,7 @@ from switchyard.engines.base import (
 )
 from switchyard.logging import get_logger
 from switchyard.messages.inference import (
+    ChoiceConstraint,
     Constraint,
     FinishReason,
     GrammarConstraint,
@@ -238,6 +239,8 @@ def structured_outputs_kwargs(constraint: Constraint) -> dict[str, Any] | None:
         return {"regex": constraint.pattern}
     if isinstance(constraint, JsonObjectConstraint):
         return {"json_object": True}
+    if isinstance(constraint, ChoiceConstraint):
+        return {"choice": list(constraint.choices)}
     return None
 
 

@@ -86,12 +86,20 @@ class RegexConstraint(Model):
     pattern: Annotated[str, StringConstraints(max_length=4096)]
 
 
+class ChoiceConstraint(Model):
+    """The output is exactly one of `choices` (a label, a yes/no, a route)."""
+
+    type: Literal["choice"] = "choice"
+    choices: Annotated[list[ShortText], Field(min_length=1, max_length=64)]
+
+
 Constraint = Annotated[
     NoConstraint
     | JsonObjectConstraint
     | JsonSchemaConstraint
     | GrammarConstraint
-    | RegexConstraint,
+    | RegexConstraint
+    | ChoiceConstraint,
     Field(discriminator="type"),
 ]
 

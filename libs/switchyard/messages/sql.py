@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
-from switchyard.envelope import Envelope, RequestId, ShortText, TenantId, Text
+from switchyard.envelope import Envelope, Model, RequestId, ShortText, TenantId, Text
 from switchyard.messages.inference import ErrorInfo
 
 SqlText = Annotated[str, StringConstraints(min_length=1, max_length=64 * 1024)]
@@ -18,12 +18,21 @@ Cell = str | int | float | bool | None
 
 
 class SqlAsk(Envelope):
-    """A tenant's question, on `sql.in.<tenant>`."""
+    """A tenant's question, on `sql.in.<tenant>`.
+
+    With `fix_sql`, the question is what the tenant meant and `fix_sql` their own
+    SQL: the answer is that SQL validated, or corrected once and validated.
+    Stage events go to `reply` as they happen; the answer to `res.sql.<tenant>`
+    and, last, to `reply`.
+    """
 
     kind: Literal["sql.ask"] = "sql.ask"
     question: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     database: ShortText | None = None
     max_rows: int = Field(default=1000, ge=1, le=100_000)
+    fix_sql: SqlText | None = None
+    # Skip the exact, semantic and result caches (fresh data, or an evaluation).
+    no_cache: bool = False
 
 
 class ValidateRequest(Envelope):
@@ -84,7 +93,21 @@ class ExecuteReply(Envelope):
     error: ErrorInfo | None = None
 
 
-StageName = Literal["intent", "tables", "sql", "validation", "rows", "summary", "error", "done"]
+StageName = Literal[
+    "cache",  # an exact or semantic cache hit
+    "verified",  # a verified query matched: its SQL is reused
+    "metric",  # a verified metric template matched
+    "intent",  # what kind of question this is (a constrained choice)
+    "scope",  # which views the generation sees: the full schema or retrieved ones
+    "sql",  # generated (or reused) SQL, before validation
+    "validation",  # the validator's verdict
+    "explain",  # the EXPLAIN gate's plan
+    "rows",  # the executor's result shape (the rows themselves are in the answer)
+    "retry",  # the one retry, with what it was told
+    "clarify",  # a multiple-choice question back to the asker
+    "summary",  # the natural-language answer
+    "chart",  # the Vega-Lite spec chosen from the result's shape
+]
 
 
 class StageEvent(Envelope):
@@ -93,7 +116,50 @@ class StageEvent(Envelope):
     kind: Literal["sql.stage"] = "sql.stage"
     request_id: RequestId
     stage: StageName
+    seconds: float = Field(default=0.0, ge=0)  # how long the stage took
     data: dict[str, Any] = {}
+
+
+AnswerPath = Literal[
+    "exact_cache",  # the same question, same knowledge version, recently answered
+    "semantic_cache",  # a near-identical earlier question's SQL, re-run
+    "verified",  # a verified query's SQL, re-run for fresh data
+    "metric",  # a verified metric's SQL template
+    "generated",  # SQL written by the model under the tenant's grammar
+    "fixed",  # the tenant's own SQL, validated (and corrected once if needed)
+    "no_sql",  # out of scope or chit-chat: answered without SQL
+    "clarify",  # two failed attempts: a question back instead of more tokens
+    "error",
+]
+
+
+class Clarification(Model):
+    question: Text
+    options: Annotated[list[Text], Field(max_length=8)] = []
+
+
+class SqlAnswer(Envelope):
+    """The outcome of one question, on `res.sql.<tenant>` and last on the reply inbox."""
+
+    kind: Literal["sql.answer"] = "sql.answer"
+    request_id: RequestId
+    status: Literal["ok", "clarify", "rejected", "error"]
+    path: AnswerPath
+    question: Text
+    intent: ShortText | None = None
+    sql: SqlText | None = None  # canonical, as validated and executed
+    columns: Annotated[list[ShortText], Field(max_length=512)] = []
+    rows: Annotated[list[list[Cell]], Field(max_length=100_000)] = []
+    truncated: bool = False
+    summary: Text | None = None
+    chart: dict[str, Any] | None = None  # Vega-Lite; data, never code
+    clarification: Clarification | None = None
+    attempts: int = Field(default=0, ge=0, le=2)  # generation attempts (retry = 2)
+    knowledge_version: ShortText | None = None
+    reference: ShortText | None = None  # the verified query or metric reused
+    stages: dict[str, float] = {}  # seconds per stage
+    duration: float = 0.0
+    error: ErrorInfo | None = None
 
 
 class AuditEvent(Envelope):

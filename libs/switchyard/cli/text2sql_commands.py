@@ -1,0 +1,240 @@
+"""`sy sql ask|fix|review|verify|eval`: questions to a running fleet, the review loop,
+and the evaluation harness."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from switchyard.cli.bus_commands import NatsUrl, cli_connect
+from switchyard.config import Settings
+from switchyard.messages.sql import SqlAnswer, SqlAsk, StageEvent
+
+console = Console()
+err = Console(stderr=True)
+
+Tenant = Annotated[str, typer.Option("--tenant", "-t", help="the tenant asking")]
+KnowledgeDir = Annotated[
+    Path | None,
+    typer.Option("--dir", help="knowledge root (default: SY_KNOWLEDGE_DIR or deploy/knowledge)"),
+]
+PolicyDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--policies", help="SQL policy dir (default: SY_SQL_POLICY_DIR or .sy/sql-policies)"
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="print the answer as JSON")]
+
+
+def _knowledge_dir(given: Path | None) -> Path:
+    return given or Path(os.environ.get("SY_KNOWLEDGE_DIR", "deploy/knowledge"))
+
+
+def _policy_dir(given: Path | None) -> Path:
+    return given or Path(os.environ.get("SY_SQL_POLICY_DIR", ".sy/sql-policies"))
+
+
+def _settings(nats_url: str | None) -> Settings:
+    return Settings(nats_url=nats_url) if nats_url else Settings()
+
+
+def _print_stage(event: StageEvent) -> None:
+    brief = {k: v for k, v in event.data.items() if k not in ("plan", "digest", "columns")}
+    text = json.dumps(brief, default=str)
+    console.print(f"[dim]{event.seconds * 1000:7.1f} ms[/dim] [cyan]{event.stage:<10}[/cyan] "
+                  f"{text[:160]}", highlight=False)  # fmt: skip
+
+
+def _print_answer(answer: SqlAnswer) -> None:
+    color = {"ok": "green", "clarify": "yellow"}.get(answer.status, "red")
+    console.print(f"[{color}]{answer.status}[/{color}] via {answer.path} "
+                  f"in {answer.duration:.2f}s")  # fmt: skip
+    if answer.sql:
+        console.print(answer.sql, highlight=False, markup=False)
+    if answer.columns:
+        table = Table(*answer.columns)
+        for row in answer.rows[:30]:
+            table.add_row(*("NULL" if c is None else str(c) for c in row))
+        console.print(table)
+        if len(answer.rows) > 30:
+            console.print(f"[dim]... {len(answer.rows) - 30} more rows[/dim]")
+    if answer.summary:
+        console.print(answer.summary, highlight=False, markup=False)
+    if answer.clarification:
+        console.print(answer.clarification.question)
+        for i, option in enumerate(answer.clarification.options, 1):
+            console.print(f"  {i}. {option}", highlight=False, markup=False)
+    if answer.error and answer.status != "clarify":
+        err.print(f"[red]{answer.error.code}:[/red] {answer.error.reason}")
+
+
+async def _ask(ask: SqlAsk, nats_url: str | None, as_json: bool, timeout: float) -> int:
+    from switchyard.text2sql.client import stream_answer
+
+    bus = await cli_connect(_settings(nats_url), "sy-sql-ask")
+    try:
+        async for item in stream_answer(bus, ask, idle_timeout=timeout):
+            if isinstance(item, StageEvent):
+                if not as_json:
+                    _print_stage(item)
+                continue
+            if as_json:
+                console.print_json(item.model_dump_json())
+            else:
+                _print_answer(item)
+            return 0 if item.status in ("ok", "clarify") else 1
+    finally:
+        await bus.close()
+    return 1
+
+
+def register(sql: typer.Typer) -> None:
+    @sql.command("ask")
+    def ask(
+        question: Annotated[str, typer.Argument(help="the question, in words")],
+        tenant: Tenant,
+        nats_url: NatsUrl = None,
+        as_json: AsJson = False,
+        no_cache: Annotated[bool, typer.Option("--no-cache", help="skip every cache")] = False,
+        timeout: Annotated[float, typer.Option(help="seconds of silence to wait")] = 120.0,
+    ) -> None:
+        """Ask a question of a running fleet; stages stream as they happen."""
+        message = SqlAsk(tenant=tenant, question=question, no_cache=no_cache)
+        raise typer.Exit(asyncio.run(_ask(message, nats_url, as_json, timeout)))
+
+    @sql.command("fix")
+    def fix(
+        tenant: Tenant,
+        statement: Annotated[str, typer.Option("--sql", help="the SQL to check and correct")],
+        question: Annotated[str, typer.Option(help="what the SQL is meant to answer")] = (
+            "Correct this SQL."
+        ),
+        nats_url: NatsUrl = None,
+        as_json: AsJson = False,
+        timeout: Annotated[float, typer.Option(help="seconds of silence to wait")] = 120.0,
+    ) -> None:
+        """Validate a tenant's own SQL; if the walls refuse it, get one corrected version."""
+        message = SqlAsk(tenant=tenant, question=question, fix_sql=statement, no_cache=True)
+        raise typer.Exit(asyncio.run(_ask(message, nats_url, as_json, timeout)))
+
+    @sql.command("review")
+    def review(
+        tenant: Tenant,
+        since: Annotated[float, typer.Option(help="hours to look back")] = 24.0,
+        limit: Annotated[int, typer.Option(help="answers to list")] = 20,
+        nats_url: NatsUrl = None,
+    ) -> None:
+        """Recent questions of a tenant with their SQL, read back from RES."""
+        from switchyard.text2sql.review import recent_answers
+
+        async def run() -> list[SqlAnswer]:
+            bus = await cli_connect(_settings(nats_url), "sy-sql-review")
+            try:
+                return await recent_answers(bus, tenant, since=since * 3600, limit=limit)
+            finally:
+                await bus.close()
+
+        table = Table("request id", "status", "path", "question", "sql")
+        for a in asyncio.run(run()):
+            table.add_row(a.request_id, a.status, a.path, a.question[:60], (a.sql or "")[:80])
+        console.print(table)
+
+    @sql.command("verify")
+    def verify(
+        request_id: Annotated[str, typer.Argument(help="an answer's request id (sy sql review)")],
+        tenant: Tenant,
+        by: Annotated[str, typer.Option("--by", help="who verified it")],
+        tags: Annotated[str, typer.Option(help="comma-separated tags")] = "",
+        since: Annotated[float, typer.Option(help="hours to look back")] = 24.0 * 7,
+        knowledge_dir: KnowledgeDir = None,
+        policy_dir: PolicyDir = None,
+        nats_url: NatsUrl = None,
+    ) -> None:
+        """Promote an answered question into the tenant's verified queries."""
+        from switchyard.sqlguard.policy import PolicyStore
+        from switchyard.text2sql.knowledge import KnowledgeStore
+        from switchyard.text2sql.review import promote, recent_answers
+
+        async def find() -> SqlAnswer | None:
+            bus = await cli_connect(_settings(nats_url), "sy-sql-verify")
+            try:
+                found = await recent_answers(bus, tenant, since=since * 3600, limit=100_000)
+            finally:
+                await bus.close()
+            return next((a for a in found if a.request_id == request_id), None)
+
+        answer = asyncio.run(find())
+        if answer is None:
+            err.print(f"[red]no answer {request_id} for {tenant} in RES[/red]")
+            raise typer.Exit(1)
+        policy = PolicyStore(_policy_dir(policy_dir)).get(tenant)
+        if policy is None or not policy.database:
+            err.print(f"[red]no SQL policy for {tenant}[/red]")
+            raise typer.Exit(1)
+        store = KnowledgeStore(_knowledge_dir(knowledge_dir))
+        query = promote(store, answer, verified_by=by, database=policy.database,
+                        tags=[t for t in tags.split(",") if t])  # fmt: skip
+        console.print(f"verified {query.id}: {query.question}\n{query.sql}", highlight=False)
+
+    @sql.command("eval")
+    def evaluate(
+        tenant: Tenant,
+        eval_set: Annotated[Path, typer.Option("--set", help="evaluation set (YAML)")] = Path(
+            "evals/sql/game-ops.yaml"
+        ),
+        limit: Annotated[int, typer.Option(help="only the first N items (0 = all)")] = 0,
+        tag: Annotated[str | None, typer.Option(help="only items with this tag")] = None,
+        semantic_cache: Annotated[
+            bool, typer.Option(help="measure the semantic cache's false hits")
+        ] = False,
+        scope: Annotated[str, typer.Option(help="auto | full | retrieval")] = "auto",
+        pool: Annotated[str, typer.Option(help="the fleet pool for model calls")] = "sql",
+        knowledge_dir: KnowledgeDir = None,
+        policy_dir: PolicyDir = None,
+        nats_url: NatsUrl = None,
+        report_json: Annotated[
+            Path | None, typer.Option("--json", help="write outcomes here")
+        ] = None,
+    ) -> None:
+        """Execution accuracy of the pipeline on an evaluation set, with its Wilson interval."""
+        from switchyard.text2sql.evalrun import evaluate as run_eval
+        from switchyard.text2sql.evaluation import EvalSet, render_report
+        from switchyard.text2sql.pipeline import FlowOptions
+
+        items = EvalSet.load(eval_set).items
+        if tag:
+            items = [i for i in items if tag in i.tags]
+        if limit:
+            items = items[:limit]
+        if scope not in ("auto", "full", "retrieval"):
+            raise typer.BadParameter("--scope: auto, full or retrieval")
+        options = FlowOptions(semantic_cache=semantic_cache, scope=scope, summary=False)  # type: ignore[arg-type]
+
+        async def run() -> Any:
+            bus = await cli_connect(_settings(nats_url), "sy-sql-eval")
+            try:
+                return await run_eval(
+                    bus, tenant, items, knowledge_dir=_knowledge_dir(knowledge_dir),
+                    policy_dir=_policy_dir(policy_dir), options=options, pool=pool,
+                )  # fmt: skip
+            finally:
+                await bus.close()
+
+        report, removed = asyncio.run(run())
+        console.print(f"leakage guard: removed {len(removed)} verified quer"
+                      f"{'y' if len(removed) == 1 else 'ies'} {removed}")  # fmt: skip
+        console.print(render_report(report))
+        if report_json:
+            rows = [{"id": o.item.id, "correct": o.correct, "path": o.prediction.path,
+                     "sql": o.prediction.sql, "error": o.prediction.error,
+                     "gold_error": o.gold_error, "seconds": round(o.prediction.seconds, 3)}
+                    for o in report.outcomes]  # fmt: skip
+            report_json.write_text(json.dumps(rows, indent=1))

@@ -1,0 +1,107 @@
+"""`sy sql eval`: the pipeline, in this process, against an evaluation set.
+
+The pipeline runs here (not in a running sqlflow) so that the leakage guard can
+hold: the tenant's knowledge is copied without any verified query that is one of
+the evaluation's questions, and indexed into a fresh index, so no answer comes
+from having seen the question before. Model calls still go through the fleet,
+and every statement, gold or predicted, goes through the validator and executor.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from switchyard.bus.connection import Bus
+from switchyard.errors import SwitchyardError
+from switchyard.messages.sql import SqlAsk, StageName
+from switchyard.sqlguard.policy import PolicyStore
+from switchyard.text2sql.embedding import shared_embedder
+from switchyard.text2sql.evaluation import (
+    EvalItem,
+    EvalReport,
+    Prediction,
+    ResultSet,
+    leakage_guard,
+    run_evaluation,
+)
+from switchyard.text2sql.fleet import FleetModel
+from switchyard.text2sql.guard import GuardClient
+from switchyard.text2sql.index import KnowledgeIndex
+from switchyard.text2sql.knowledge import KnowledgeStore
+from switchyard.text2sql.pipeline import FlowOptions, Pipeline
+
+
+def guarded_copy(
+    knowledge_dir: Path, tenant: str, items: Sequence[EvalItem], into: Path
+) -> list[str]:
+    """Copy the knowledge tree into `into`, minus the verified queries that leak."""
+    shutil.copytree(knowledge_dir, into, dirs_exist_ok=True)
+    store = KnowledgeStore(into)
+    _, removed = leakage_guard(store.load(tenant), items)
+    for query_id in removed:
+        store.remove_verified(tenant, query_id)
+    return list(removed)
+
+
+async def evaluate(
+    bus: Bus,
+    tenant: str,
+    items: Sequence[EvalItem],
+    *,
+    knowledge_dir: Path,
+    policy_dir: Path,
+    options: FlowOptions,
+    pool: str = "sql",
+    concurrency: int = 1,
+) -> tuple[EvalReport, list[str]]:
+    """Answer every item; returns the report and the verified ids the guard removed."""
+    policies = PolicyStore(policy_dir)
+    policy = policies.get(tenant)
+    if policy is None or not policy.database:
+        raise SwitchyardError(f"no SQL policy for tenant {tenant!r}", code="unknown_tenant")
+    database = policy.database
+    guard = GuardClient(bus)
+    with tempfile.TemporaryDirectory(prefix="sy-eval-") as tmp:
+        removed = guarded_copy(knowledge_dir, tenant, items, Path(tmp) / "knowledge")
+        index = KnowledgeIndex(shared_embedder(), path=Path(tmp) / "index")
+        try:
+            pipeline = Pipeline(bus, KnowledgeStore(Path(tmp) / "knowledge"), policies, index,
+                                FleetModel(bus, pool=pool), guard, options)  # fmt: skip
+
+            async def quiet(stage: StageName, seconds: float, data: dict[str, object]) -> None:
+                return None
+
+            async def answer(item: EvalItem) -> Prediction:
+                started = time.perf_counter()
+                # Caches stay off unless the semantic cache is being measured: then an
+                # earlier item's SQL may answer a later paraphrase, right or wrong.
+                ask = SqlAsk(tenant=tenant, question=item.question,
+                             no_cache=not options.semantic_cache)  # fmt: skip
+                got = await pipeline.answer(ask, quiet)
+                result = ResultSet(got.columns, got.rows) if got.status == "ok" else None
+                return Prediction(
+                    sql=got.sql, result=result, path=got.path,
+                    error=got.error.reason if got.error else None,
+                    seconds=time.perf_counter() - started,
+                )  # fmt: skip
+
+            async def gold(sql: str) -> ResultSet:
+                verdict = await guard.validate(tenant, sql, database, question=None, trace=None)
+                if not verdict.ok:
+                    reason = verdict.error.reason if verdict.error else "refused"
+                    raise SwitchyardError(f"gold SQL refused: {reason}", code="rejected_sql")
+                rows = await guard.run(tenant, verdict, database, max_rows=10_000,
+                                       explain_only=False, trace=None)  # fmt: skip
+                if not rows.ok:
+                    reason = rows.error.reason if rows.error else "failed"
+                    raise SwitchyardError(f"gold SQL failed: {reason}", code="db_error")
+                return ResultSet(rows.columns, rows.rows)
+
+            report = await run_evaluation(items, answer, gold, concurrency=concurrency)
+        finally:
+            index.close()
+    return report, removed

@@ -1,0 +1,24 @@
+"""When a stored question may answer a new one: similar meaning AND the same specifics.
+
+Sentence embeddings see "DAU over the last 5 days" and "DAU yesterday" as near
+duplicates (cosine 0.90 with MiniLM): the numbers and the time window, which
+decide the answer, barely move the vector. Reusing a stored question's SQL
+therefore also requires that both name the same time window and the same numbers.
+"""
+
+from __future__ import annotations
+
+import re
+
+from switchyard.text2sql.timeframe import days_in
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def specifics(question: str) -> tuple[int | None, frozenset[str]]:
+    """The time window (days) and the numbers a question names."""
+    return days_in(question), frozenset(_NUMBER.findall(question))
+
+
+def same_specifics(question: str, stored: str) -> bool:
+    return specifics(question) == specifics(stored)

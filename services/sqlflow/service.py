@@ -1,0 +1,140 @@
+"""The sqlflow process: questions from `sql.in.>` become answers, stage by stage.
+
+Consumes `INGRESS` through the durable `sqlflow` consumer (a crash mid-question
+redelivers it). Stage events go to the asker's reply inbox as they happen; the
+answer goes to `res.sql.<tenant>` first, deduplicated by `res-<request id>`, and
+then to the inbox, so a redelivered question is never answered twice. A question
+that cannot be answered (undecodable, expired, failing every attempt) is
+answered with the reason and dead-lettered: never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from services.sqlflow import metrics
+from services.sqlflow.settings import SqlflowSettings
+from switchyard import subjects
+from switchyard.bus.connection import Bus
+from switchyard.bus.consumer import PullLoop, RetryPolicy
+from switchyard.bus.publish import publish
+from switchyard.codec import decode, encode
+from switchyard.errors import DecodeError, ErrorCode
+from switchyard.logging import bind_request, get_logger
+from switchyard.messages.inference import ErrorInfo
+from switchyard.messages.sql import SqlAnswer, SqlAsk, StageEvent, StageName
+from switchyard.sqlguard.policy import PolicyStore
+from switchyard.text2sql.embedding import shared_embedder
+from switchyard.text2sql.fleet import FleetModel
+from switchyard.text2sql.guard import GuardClient
+from switchyard.text2sql.index import KnowledgeIndex
+from switchyard.text2sql.knowledge import KnowledgeStore
+from switchyard.text2sql.pipeline import Pipeline
+
+log = get_logger(__name__)
+
+DURABLE = "sqlflow"
+
+
+def build_pipeline(bus: Bus, settings: SqlflowSettings, index: KnowledgeIndex) -> Pipeline:
+    return Pipeline(
+        bus,
+        KnowledgeStore(settings.knowledge_dir),
+        PolicyStore(settings.sql_policy_dir),
+        index,
+        FleetModel(
+            bus,
+            pool=settings.sql_pool,
+            model=settings.sql_model,
+            lora=settings.sql_lora,
+            idle_timeout=settings.model_idle_timeout,
+        ),
+        GuardClient(bus, timeout=settings.guard_timeout),
+        settings.flow_options(),
+    )
+
+
+def open_index(settings: SqlflowSettings) -> KnowledgeIndex:
+    if settings.qdrant_url:
+        return KnowledgeIndex(shared_embedder(), url=settings.qdrant_url)
+    settings.knowledge_index.mkdir(parents=True, exist_ok=True)
+    return KnowledgeIndex(shared_embedder(), path=settings.knowledge_index)
+
+
+async def deliver(bus: Bus, answer: SqlAnswer, reply: str | None) -> bool:
+    """RES first (deduplicated), then the inbox; False when already answered."""
+    ack = await publish(bus.js, subjects.res("sql", answer.tenant), answer,
+                        msg_id=f"res-{answer.request_id}")  # fmt: skip
+    if ack.duplicate:
+        return False
+    if reply:
+        await bus.nc.publish(reply, encode(answer))
+        await bus.nc.flush()
+    metrics.ANSWERS.labels(answer.path, answer.status).inc()
+    metrics.ANSWER_SECONDS.labels(answer.path).observe(answer.duration)
+    return True
+
+
+async def run_sqlflow(
+    bus: Bus, stop: asyncio.Event, settings: SqlflowSettings, index: KnowledgeIndex | None = None
+) -> None:
+    own_index = index is None
+    knowledge_index = index or await asyncio.to_thread(open_index, settings)
+    pipeline = build_pipeline(bus, settings, knowledge_index)
+
+    async def on_ask(msg: Msg) -> None:
+        ask = decode(msg.data, SqlAsk, max_bytes=settings.max_message_bytes)
+        with bind_request(ask.id, ask.tenant, ask.trace):
+            if ask.deadline is not None and ask.deadline < time.time():
+                await deliver(bus, expired(ask), ask.reply)
+                return
+
+            async def emit(stage: StageName, seconds: float, data: dict[str, Any]) -> None:
+                metrics.STAGE_SECONDS.labels(stage).observe(seconds)
+                if ask.reply:
+                    event = StageEvent(tenant=ask.tenant, trace=ask.trace, request_id=ask.id,
+                                       stage=stage, seconds=seconds, data=data)  # fmt: skip
+                    await bus.nc.publish(ask.reply, encode(event))
+
+            answer = await pipeline.answer(ask, emit)
+            await deliver(bus, answer, ask.reply)
+            log.info("sqlflow.answered", path=answer.path, status=answer.status,
+                     seconds=round(answer.duration, 3))  # fmt: skip
+
+    async def on_give_up(msg: Msg, code: ErrorCode, reason: str) -> None:
+        with contextlib.suppress(DecodeError):
+            ask = decode(msg.data, SqlAsk, max_bytes=settings.max_message_bytes)
+            failed = SqlAnswer(
+                tenant=ask.tenant, trace=ask.trace, request_id=ask.id, question=ask.question,
+                status="error", path="error", error=ErrorInfo(code=code, reason=reason),
+            )  # fmt: skip
+            await deliver(bus, failed, ask.reply)
+
+    loop = PullLoop(
+        bus.js, "INGRESS", DURABLE, on_ask, on_give_up=on_give_up,
+        retry=RetryPolicy(settings.max_attempts + 1), ack_wait=settings.ingress_ack_wait,
+        max_inflight=settings.concurrency, fetch_timeout=0.25,
+        drain_timeout=settings.drain_timeout,
+    )  # fmt: skip
+    task = asyncio.create_task(loop.run())
+    log.info("sqlflow.ready", knowledge=str(settings.knowledge_dir), scope=settings.scope)
+    try:
+        await stop.wait()
+        loop.stop()
+        await task
+    finally:
+        if own_index:
+            knowledge_index.close()
+
+
+def expired(ask: SqlAsk) -> SqlAnswer:
+    return SqlAnswer(
+        tenant=ask.tenant, trace=ask.trace, request_id=ask.id, question=ask.question,
+        status="error", path="error",
+        error=ErrorInfo(code="expired", reason="the question's deadline passed before it was read"),
+    )  # fmt: skip

@@ -1,0 +1,59 @@
+"""Sqlflow settings (`SY_*`): where knowledge and policies live, and the pipeline's knobs.
+
+No signing key and no database settings on purpose: the orchestrator can only ask
+the validator and the executor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from switchyard.config import Settings
+from switchyard.text2sql.pipeline import FlowOptions
+
+
+class SqlflowSettings(Settings):
+    service_name: ClassVar[str] = "sqlflow"
+    knowledge_dir: Path = Path("deploy/knowledge")
+    # Qdrant: embedded at this path by default; a server when `qdrant_url` is set.
+    knowledge_index: Path = Path(".sy/knowledge-index")
+    qdrant_url: str | None = None
+    # Read only, for the tenant's grammar and views (the validator holds the key).
+    sql_policy_dir: Path = Path(".sy/sql-policies")
+    sql_pool: str = Field(default="sql", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    sql_model: str = "default"
+    # The tenant LoRA adapter name, when the `sql` pool serves one (vLLM).
+    sql_lora: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    concurrency: int = Field(default=8, ge=1, le=1024)
+    ingress_ack_wait: float = Field(default=30.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+    model_idle_timeout: float = Field(default=60.0, gt=0)
+    guard_timeout: float = Field(default=20.0, gt=0)
+    drain_timeout: float = Field(default=30.0, gt=0)
+
+    # --- the pipeline (see switchyard.text2sql.pipeline) ---
+    verified_threshold: float = Field(default=0.90, gt=0, le=1)
+    metric_threshold: float = Field(default=0.45, gt=0, le=1)
+    semantic_cache: bool = False
+    semantic_threshold: float = Field(default=0.95, gt=0, le=1)
+    # "auto": the whole schema when it fits `context_budget_tokens`, retrieval otherwise.
+    scope: Literal["auto", "full", "retrieval"] = "auto"
+    context_budget_tokens: int = Field(default=1400, ge=64)
+    retrieval_views: int = Field(default=4, ge=1, le=64)
+    # The generation grammar covers the best-ranked views only (its size grows fast).
+    grammar_views: int = Field(default=3, ge=1, le=16)
+    few_shots: int = Field(default=2, ge=0, le=16)
+    sql_max_tokens: int = Field(default=160, ge=16, le=4096)
+    summary: bool = True
+    summary_max_tokens: int = Field(default=60, ge=8, le=1024)
+    # Off: the summary model sees the result's shape and aggregates, never its rows.
+    rows_to_model: bool = False
+    exact_cache_ttl: float = Field(default=300.0, ge=0)
+    result_cache_ttl: float = Field(default=60.0, ge=0)
+
+    def flow_options(self) -> FlowOptions:
+        names = FlowOptions.__dataclass_fields__
+        return FlowOptions(**{n: getattr(self, n) for n in names if hasattr(self, n)})

@@ -1,0 +1,211 @@
+"""`POST /v1/sql/ask` on the real Text2SQL fleet (validator, executor, router, a llama.cpp
+worker, sqlflow) over NATS and MariaDB, with the edge in process and plain HTTP."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from switchyard import subjects
+from switchyard.bus import rpc
+from switchyard.bus.connection import Bus, connect
+from switchyard.config import Settings
+from switchyard.messages.sql import ExecuteReply
+from switchyard.text2sql.knowledge import KnowledgeStore
+from tests.support.edge import edge_in_process, write_keys
+from tests.support.fleet import provision_pool
+from tests.support.sqlenv import SqlEnv
+from tests.support.sqlflow import KNOWLEDGE, text2sql_fleet
+
+STORE = KnowledgeStore(KNOWLEDGE)
+VERIFIED = STORE.load("acme").verified[0]
+KEYS: dict[str, dict[str, Any]] = {
+    "sk-acme": {"tenant": "acme"},
+    "sk-nova": {"tenant": "nova"},
+    "sk-chat-only": {"tenant": "acme", "pools": ["llm", "agent"]},
+    # A real key whose tenant has no SQL policy: the orchestrator refuses it, typed.
+    "sk-ghost": {"tenant": "ghost"},
+}
+ENVELOPE = {"id", "tenant", "reply", "trace", "deadline", "kind", "v", "ts"}
+
+
+def auth(key: str = "sk-acme") -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def sse(
+    http: httpx.AsyncClient, body: dict[str, Any], key: str = "sk-acme"
+) -> tuple[httpx.Response, list[str]]:
+    """The response and its non-empty SSE lines."""
+    async with http.stream("POST", "/v1/sql/ask", json=body, headers=auth(key)) as r:
+        lines = [line async for line in r.aiter_lines() if line]
+    return r, lines
+
+
+def data_of(lines: list[str]) -> list[Any]:
+    """The `data:` payloads in order, `[DONE]` as the string."""
+    out: list[Any] = []
+    for line in lines:
+        if line.startswith("data: "):
+            raw = line.removeprefix("data: ")
+            out.append(raw if raw == "[DONE]" else json.loads(raw))
+    return out
+
+
+async def test_silence_is_504_and_an_error_event_with_heartbeats(
+    nats_url: str, bus: Bus, tmp_path: Path, unique: str
+) -> None:
+    # First in the module on purpose: no sqlflow runs yet, so nothing answers the ask
+    # (stored in INGRESS; a later sqlflow reads it past its deadline and answers
+    # `expired` to an inbox nobody listens on).
+    await provision_pool(bus.js, f"q{unique}")
+    keys = write_keys(tmp_path / "keys.yaml", KEYS)
+    async with (
+        edge_in_process(nats_url, api_keys_file=keys, sql_timeout=1.0, sse_heartbeat=0.2,
+                        first_frame_grace=0.1) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as http,
+    ):  # fmt: skip
+        r = await http.post("/v1/sql/ask", json={"question": "Anyone there?"}, headers=auth())
+        assert r.status_code == 504, r.text
+        err = r.json()["error"]
+        assert err["code"] == "timeout" and err["request_id"] == r.headers["x-request-id"]
+
+        r, lines = await sse(http, {"question": "Anyone there?", "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert ": keep-alive" in lines[:-2]  # heartbeats during the silence
+    *_, event, done = data_of(lines)
+    assert done == "[DONE]"
+    assert event["type"] == "error" and event["error"]["code"] == "timeout"
+    assert event["error"]["request_id"] == r.headers["x-request-id"]
+
+
+@pytest.fixture(scope="module")
+async def sql_edge(
+    nats_url: str, sqlenv: SqlEnv, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[str]:
+    tmp = tmp_path_factory.mktemp("edge-sql")
+    keys = write_keys(tmp / "keys.yaml", KEYS)
+    setup = await connect(Settings(nats_url=nats_url), "edge-sql-test")
+    try:
+        async with (
+            text2sql_fleet(setup, nats_url, sqlenv, tmp / "index", uuid.uuid4().hex[:10]),
+            # A generous grace: the orchestrator's refusal of a stream (`unknown_tenant`)
+            # always lands before the 200 is committed, so the test is not a race.
+            edge_in_process(nats_url, api_keys_file=keys, first_frame_grace=10.0) as url,
+        ):
+            yield url
+    finally:
+        await setup.close()
+
+
+async def executed_rows(bus: Bus, sqlenv: SqlEnv, tenant: str, sql: str) -> list[list[Any]]:
+    reply = await rpc.request(
+        bus.nc, subjects.SQL_EXECUTE, sqlenv.signed(tenant, sql), ExecuteReply, timeout=15
+    )
+    assert reply.ok, reply.error
+    return reply.rows
+
+
+async def test_verified_question_answers_with_the_keys_tenant_rows(
+    sql_edge: str, bus: Bus, sqlenv: SqlEnv
+) -> None:
+    async with httpx.AsyncClient(base_url=sql_edge, timeout=120) as http:
+        r = await http.post("/v1/sql/ask", json={"question": VERIFIED.question}, headers=auth())
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["status"] == "ok" and out["path"] == "verified", out
+    assert out["request_id"] == r.headers["x-request-id"]
+    assert out["rows"] and out["columns"] and out["sql"]
+    assert {"verified", "validation", "rows"} <= out["stages"].keys()
+    assert not ENVELOPE & out.keys()
+    # The key's tenant's data: acme's rows, as the executor returns them for acme.
+    assert out["rows"] == await executed_rows(bus, sqlenv, "acme", VERIFIED.sql)
+
+
+async def test_streamed_question_is_stages_then_the_answer_then_done(sql_edge: str) -> None:
+    async with httpx.AsyncClient(base_url=sql_edge, timeout=120) as http:
+        # no_cache: the other test's answer must not turn this into an exact-cache hit.
+        body = {"question": VERIFIED.question, "stream": True, "no_cache": True}
+        r, lines = await sse(http, body)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    *stages, answer, done = data_of(lines)
+    assert done == "[DONE]"
+    assert stages and all(s["type"] == "stage" for s in stages)
+    assert [s["stage"] for s in stages][:2] == ["verified", "sql"]
+    assert all(set(s) == {"type", "stage", "seconds", "data"} for s in stages)
+    assert answer["type"] == "answer" and answer["status"] == "ok"
+    assert answer["path"] == "verified" and answer["rows"]
+    assert answer["request_id"] == r.headers["x-request-id"]
+
+
+async def test_the_body_never_chooses_the_tenant(sql_edge: str, sqlenv: SqlEnv) -> None:
+    nova = STORE.load("nova")
+    asked = {q.question for q in nova.verified}
+    acme_only = next(q for q in STORE.load("acme").verified if q.question not in asked)
+    async with httpx.AsyncClient(base_url=sql_edge, timeout=300) as http:
+        body = {"question": acme_only.question, "tenant": "nova"}
+        r = await http.post("/v1/sql/ask", json=body, headers=auth())
+        assert r.status_code == 422 and r.json()["error"]["param"] == "tenant"
+        # nova's key asks as nova: acme's verified query is not nova's, and whatever SQL
+        # ran, ran on nova's schema only.
+        r = await http.post("/v1/sql/ask", json={"question": acme_only.question},
+                            headers=auth("sk-nova"))  # fmt: skip
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["path"] != "verified" or out["sql"] != acme_only.sql, out
+    if out["sql"]:
+        assert set(re.findall(r"`([^`]+)`\.`", out["sql"])) == {sqlenv.schema("nova")}
+
+
+async def test_key_without_the_sql_pool_is_403(sql_edge: str) -> None:
+    async with httpx.AsyncClient(base_url=sql_edge, timeout=30) as http:
+        body = {"question": VERIFIED.question}
+        r = await http.post("/v1/sql/ask", json=body, headers=auth("sk-chat-only"))
+        assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+        r = await http.post("/v1/sql/ask", json=body)
+        assert r.status_code == 401
+
+
+async def test_tenant_without_a_sql_policy_is_a_typed_403(sql_edge: str) -> None:
+    async with httpx.AsyncClient(base_url=sql_edge, timeout=120) as http:
+        r = await http.post("/v1/sql/ask", json={"question": "How many players?"},
+                            headers=auth("sk-ghost"))  # fmt: skip
+        assert r.status_code == 403, r.text
+        err = r.json()["error"]
+        assert err["code"] == "unknown_tenant" and err["type"] == "permission_error"
+        assert err["request_id"] == r.headers["x-request-id"]
+        # A stream refused before its first event is a real status too, not a 200 SSE.
+        r, _ = await sse(http, {"question": "How many players?", "stream": True}, "sk-ghost")
+    assert r.status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("content", "param"),
+    [
+        (b'{"question": "How many', None),  # not JSON
+        (b'["How many players?"]', None),
+        (b'{"question": ""}', "question"),
+        (b'{"question": "x", "max_rows": 10001}', "max_rows"),
+        (b'{"question": "x", "sql": ""}', "sql"),
+        (b'{"question": "x", "stream": "maybe"}', "stream"),
+        (json.dumps({"question": "x" * 4097}).encode(), "question"),
+    ],
+)
+async def test_malformed_bodies_are_typed_422(
+    sql_edge: str, content: bytes, param: str | None
+) -> None:
+    async with httpx.AsyncClient(base_url=sql_edge, timeout=30) as http:
+        r = await http.post("/v1/sql/ask", content=content,
+                            headers={**auth(), "Content-Type": "application/json"})  # fmt: skip
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["request_id"]
+    if param is not None:
+        assert err["param"] == param

@@ -1,0 +1,97 @@
+"""The whole Text2SQL path in one test process: validator, executor, router, a llama.cpp
+worker on the `sql` pool, and sqlflow, on the session's NATS and the private MariaDB."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.executor.service import run_executor
+from services.executor.settings import ExecutorSettings
+from services.sqlflow.service import run_sqlflow
+from services.sqlflow.settings import SqlflowSettings
+from services.validator.service import run_validator
+from services.validator.settings import ValidatorSettings
+from switchyard.bus.connection import Bus, connect
+from switchyard.text2sql.embedding import shared_embedder
+from switchyard.text2sql.index import KnowledgeIndex
+from tests.conftest import REPO
+from tests.support.fleet import provision_pool, router_in_process, worker_in_process
+from tests.support.sqlenv import SqlEnv
+
+KNOWLEDGE = REPO / "deploy" / "knowledge"
+
+
+@dataclass
+class Flow:
+    settings: SqlflowSettings
+    index: KnowledgeIndex
+
+
+@contextlib.asynccontextmanager
+async def sql_walls(nats_url: str, sqlenv: SqlEnv, **executor: Any) -> AsyncIterator[None]:
+    """The validator and executor services, in process."""
+    vset = ValidatorSettings(
+        nats_url=nats_url, sql_signing_key=sqlenv.signing_key, sql_policy_dir=sqlenv.policy_dir
+    )
+    executor = {"sql_explain_max_rows": 50_000, "sql_explain_large_table_rows": 20_000,
+                **executor}  # fmt: skip
+    eset = sqlenv.settings(ExecutorSettings, nats_url=nats_url, **executor)
+    stop = asyncio.Event()
+    buses = [await connect(vset, "test-validator"), await connect(eset, "test-executor")]
+    tasks = [
+        asyncio.create_task(run_validator(buses[0], stop, vset)),
+        asyncio.create_task(run_executor(buses[1], stop, eset)),
+    ]
+    await asyncio.sleep(0.2)
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        for b in buses:
+            await b.close()
+
+
+@contextlib.asynccontextmanager
+async def sqlflow_in_process(
+    nats_url: str, sqlenv: SqlEnv, index_dir: Path, **overrides: Any
+) -> AsyncIterator[Flow]:
+    values: dict[str, Any] = {"knowledge_dir": KNOWLEDGE, "knowledge_index": index_dir,
+                              "sql_policy_dir": sqlenv.policy_dir, **overrides}  # fmt: skip
+    settings = SqlflowSettings(nats_url=nats_url, **values)
+    index = KnowledgeIndex(shared_embedder(), path=index_dir)
+    bus = await connect(settings, "test-sqlflow")
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_sqlflow(bus, stop, settings, index))
+    await asyncio.sleep(0.2)
+    try:
+        yield Flow(settings, index)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+        await bus.close()
+        index.close()
+
+
+@contextlib.asynccontextmanager
+async def text2sql_fleet(
+    bus: Bus, nats_url: str, sqlenv: SqlEnv, index_dir: Path, unique: str,
+    executor: dict[str, Any] | None = None, **flow: Any,
+) -> AsyncIterator[Flow]:  # fmt: skip
+    """Everything a question needs, with a private `sql` pool for this test."""
+    pool = f"q{unique}"
+    await provision_pool(bus.js, pool)
+    async with (
+        sql_walls(nats_url, sqlenv, **(executor or {})),
+        router_in_process(nats_url, partitions=4, pools=[pool], rebalance_interval=0.2),
+        worker_in_process(nats_url, pool=pool, engine="llamacpp", assignment="kv",
+                          worker_id=f"{pool}-w0", heartbeat_interval=0.3),
+        sqlflow_in_process(nats_url, sqlenv, index_dir, sql_pool=pool, **flow) as running,
+    ):  # fmt: skip
+        await asyncio.sleep(1.0)  # the router assigns the pool's partitions
+        yield running

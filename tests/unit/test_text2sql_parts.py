@@ -1,0 +1,117 @@
+"""The pipeline's deterministic parts: chart choice, caches, time windows, result digests."""
+
+from __future__ import annotations
+
+import pytest
+
+from switchyard.text2sql.caches import TtlCache
+from switchyard.text2sql.chart import chart_for
+from switchyard.text2sql.matching import same_specifics
+from switchyard.text2sql.prompts import Failure, result_digest, retry_messages, sql_messages
+from switchyard.text2sql.timeframe import days_in
+
+
+def test_chart_line_for_a_time_series() -> None:
+    spec = chart_for(["day", "dau"], [["2025-01-01", 10], ["2025-01-02", 12]])
+    assert spec is not None and spec["mark"] == "line"
+    assert spec["encoding"]["x"] == {"field": "day", "type": "temporal"}
+    assert spec["data"]["values"][1] == {"day": "2025-01-02", "dau": 12}
+
+
+def test_chart_folds_several_measures_over_time() -> None:
+    spec = chart_for(["day", "dau", "new"], [["2025-01-01", 10, 1], ["2025-01-02", 12, 2]])
+    assert spec is not None and spec["transform"][0]["fold"] == ["dau", "new"]
+
+
+def test_chart_bars_for_a_category_and_decimal_text() -> None:
+    spec = chart_for(["channel", "revenue"], [["organic", "10.50"], ["referral", "3.25"]])
+    assert spec is not None and spec["mark"] == "bar"
+    assert spec["data"]["values"][0]["revenue"] == 10.5  # DECIMAL text becomes a number
+
+
+def test_chart_stacked_for_two_categories() -> None:
+    rows = [["na", "ios", 3], ["na", "android", 4], ["eu", "ios", 1]]
+    spec = chart_for(["region", "device", "players"], rows)
+    assert spec is not None and spec["encoding"]["color"]["field"] == "device"
+
+
+@pytest.mark.parametrize(
+    ("columns", "rows"),
+    [
+        (["dau"], [[10]]),  # a single value is text, not a chart
+        (["a", "b"], []),
+        (["name", "kind", "id", "note"], [["x", "y", 1, "z"], ["x", "y", 2, "z"]]),
+    ],
+)
+def test_no_chart(columns: list[str], rows: list[list[object]]) -> None:
+    assert chart_for(columns, rows) is None  # type: ignore[arg-type]
+
+
+def test_ttl_cache_expires_and_evicts() -> None:
+    cache: TtlCache[int] = TtlCache(ttl=10, capacity=2)
+    cache.put(("acme", "q1"), 1, now=0)
+    assert cache.get(("acme", "q1"), now=5) == 1
+    assert cache.get(("acme", "q1"), now=11) is None
+    cache.put(("acme", "a"), 1, now=0)
+    cache.put(("acme", "b"), 2, now=0)
+    cache.put(("nova", "c"), 3, now=0)
+    assert cache.get(("acme", "a"), now=1) is None and len(cache) == 2
+    cache.forget_tenant("nova")
+    assert cache.get(("nova", "c"), now=1) is None and cache.get(("acme", "b"), now=1) == 2
+
+
+def test_ttl_zero_disables() -> None:
+    cache: TtlCache[int] = TtlCache(ttl=0)
+    cache.put(("t",), 1)
+    assert cache.get(("t",)) is None
+
+
+@pytest.mark.parametrize(
+    ("question", "days"),
+    [
+        ("DAU over the last 14 days", 14),
+        ("revenue for the past seven days", 7),
+        ("new players in the last 3 weeks", 21),
+        ("what was DAU yesterday?", 1),
+        ("payers last week", 7),
+        ("monthly revenue", 30),
+        ("revenue by channel", None),
+        ("top 5 servers", None),
+    ],
+)
+def test_days_in(question: str, days: int | None) -> None:
+    assert days_in(question) == days
+
+
+def test_digest_keeps_rows_away_unless_allowed() -> None:
+    rows = [["organic", 1200, "secret-nick"], ["referral", 300, "other-nick"]]
+    shape = result_digest(["channel", "revenue", "nick"], rows, include_rows=False)
+    assert "secret-nick" not in shape and "organic" not in shape
+    assert "2 row(s)" in shape and "revenue: min 300, max 1200, sum 1500" in shape
+    assert "secret-nick" in result_digest(["c", "r", "n"], rows, include_rows=True)
+
+
+def test_retry_prompt_carries_what_is_new() -> None:
+    first = sql_messages("q?", "players: ...", "conventions", [])
+    failure = Failure("validation", "column.not_allowed", "no column `nick`", [{"table": "p"}])
+    msgs = retry_messages(first, "SELECT nick FROM players", failure, "players: a, b", "x: 1, 2")
+    text = str(msgs[-1].content)
+    assert msgs[-2].content == "SELECT nick FROM players"
+    for needle in ("column.not_allowed", "no column `nick`", "players: a, b", "x: 1, 2", "EXPLAIN"):
+        assert needle in text
+
+
+@pytest.mark.parametrize(
+    ("question", "stored", "same"),
+    [
+        ("What was DAU over the last 5 days?", "What was DAU yesterday?", False),
+        ("What was the DAU yesterday", "What was DAU yesterday?", True),
+        ("Top 10 spenders over the past week", "Who were the top 10 spenders in the last 7 days?",
+         False),  # "7" is named by one only: not provably the same question
+        ("revenue by region last 7 days", "What was revenue by region over the last 30 days?",
+         False),
+        ("top 5 levels by completion", "Which 5 levels have the lowest completion rate?", True),
+    ],
+)  # fmt: skip
+def test_reuse_needs_the_same_specifics(question: str, stored: str, same: bool) -> None:
+    assert same_specifics(question, stored) is same
