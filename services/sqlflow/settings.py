@@ -41,12 +41,12 @@ class SqlflowSettings(Settings):
     semantic_threshold: float = Field(default=0.95, gt=0, le=1)
     # "auto": the whole schema when it fits `context_budget_tokens`, retrieval otherwise.
     scope: Literal["auto", "full", "retrieval"] = "auto"
-    context_budget_tokens: int = Field(default=1400, ge=64)
+    context_budget_tokens: int = Field(default=1200, ge=64)
     retrieval_views: int = Field(default=4, ge=1, le=64)
     # The generation grammar covers the best-ranked views only (its size grows fast).
     grammar_views: int = Field(default=3, ge=1, le=16)
     few_shots: int = Field(default=2, ge=0, le=16)
-    sql_max_tokens: int = Field(default=160, ge=16, le=4096)
+    sql_max_tokens: int = Field(default=200, ge=16, le=4096)
     summary: bool = True
     summary_max_tokens: int = Field(default=60, ge=8, le=1024)
     # Off: the summary model sees the result's shape and aggregates, never its rows.

@@ -202,3 +202,18 @@ async def publish_raw(bus: Bus, subject: str, data: bytes) -> int:
     ack = await bus.js.publish(subject, data)
     await asyncio.sleep(1.0)  # sqlflow reads it, fails to decode it, dead-letters it
     return ack.seq
+
+
+async def test_a_cut_statement_is_refused_before_the_walls(
+    bus: Bus, nats_url: str, sqlenv: SqlEnv, tmp_path: Path, unique: str
+) -> None:
+    """The grammar only guarantees a finished statement: one cut at `max_tokens` is
+    refused with that reason (and retried once), never sent to be parsed."""
+    async with text2sql_fleet(bus, nats_url, sqlenv, tmp_path / "index", unique,
+                              summary=False, sql_max_tokens=16):  # fmt: skip
+        events, answer = await ask_question(bus, "acme", "List the names of the game servers")
+    stages = [e.stage for e in events]
+    assert "validation" not in stages and stages.count("sql") == 2, stages
+    retry = next(e for e in events if e.stage == "retry")
+    assert "cut off at 16 tokens" in retry.data["failure"]
+    assert answer.status == "clarify" and answer.attempts == 2

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from switchyard.text2sql import metric_match
 from switchyard.text2sql.caches import TtlCache
 from switchyard.text2sql.chart import chart_for
+from switchyard.text2sql.knowledge import Metric
 from switchyard.text2sql.matching import same_specifics
 from switchyard.text2sql.prompts import Failure, result_digest, retry_messages, sql_messages
 from switchyard.text2sql.timeframe import days_in
@@ -115,3 +117,43 @@ def test_retry_prompt_carries_what_is_new() -> None:
 )  # fmt: skip
 def test_reuse_needs_the_same_specifics(question: str, stored: str, same: bool) -> None:
     assert same_specifics(question, stored) is same
+
+
+DAU = Metric(
+    name="dau", description="Daily active users per day for the last {days} days.",
+    synonyms=["daily active users", "daily actives"],
+    sql="SELECT day, SUM(dau) FROM agg_dau_daily WHERE day > (SELECT MAX(day) FROM "
+        "agg_dau_daily) - INTERVAL {days} DAY GROUP BY day", params={"days": 7},
+)  # fmt: skip
+TOP = Metric(
+    name="top_servers_by_revenue", description="The {top} servers with the highest revenue.",
+    synonyms=["best servers by revenue"], sql="SELECT server_id FROM agg_revenue_daily "
+    "GROUP BY server_id LIMIT {top}", params={"top": 5},
+)  # fmt: skip
+NEW = Metric(name="new_players", description="New players per day.", synonyms=["installs"],
+             sql="SELECT day, SUM(new_players) FROM agg_dau_daily GROUP BY day")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("question", "taken"),
+    [
+        ("Show DAU for each of the last 7 days", True),
+        ("Daily active users over the past week, day by day", True),
+        ("DAU trend over the last 14 days", True),
+        ("What was DAU yesterday?", False),  # one number, not the series
+        ("What was the average DAU over the last 7 days?", False),  # a reduction
+        ("Number of daily active users on the day before yesterday", False),
+        ("DAU per region for each of the last 7 days", False),  # a breakdown it lacks
+        ("Daily new players and DAU for the last 7 days", False),  # two metrics named
+        ("Show players for each of the last 7 days", False),  # does not name it
+    ],
+)
+def test_metric_answers_only_its_own_shape(question: str, taken: bool) -> None:
+    assert metric_match.answers(question, DAU, [DAU, TOP, NEW]) is taken
+
+
+def test_metric_parameters_from_the_question() -> None:
+    assert metric_match.parameters("DAU trend over the last 14 days", DAU) == {"days": 14}
+    assert metric_match.parameters("Show DAU per day", DAU) == {}
+    assert metric_match.parameters("top 3 servers by revenue", TOP) == {"top": 3}
+    assert metric_match.parameters("Which 10 servers earned most", TOP) == {"top": 10}

@@ -4,8 +4,10 @@ and the evaluation harness."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +18,7 @@ from rich.table import Table
 from switchyard.cli.bus_commands import NatsUrl, cli_connect
 from switchyard.config import Settings
 from switchyard.messages.sql import SqlAnswer, SqlAsk, StageEvent
+from switchyard.text2sql.pipeline import FlowOptions
 
 console = Console()
 err = Console(stderr=True)
@@ -81,18 +84,23 @@ async def _ask(ask: SqlAsk, nats_url: str | None, as_json: bool, timeout: float)
 
     bus = await cli_connect(_settings(nats_url), "sy-sql-ask")
     try:
-        async for item in stream_answer(bus, ask, idle_timeout=timeout):
-            if isinstance(item, StageEvent):
-                if not as_json:
-                    _print_stage(item)
-                continue
-            if as_json:
-                console.print_json(item.model_dump_json())
-            else:
-                _print_answer(item)
-            return 0 if item.status in ("ok", "clarify") else 1
+        async with contextlib.aclosing(stream_answer(bus, ask, idle_timeout=timeout)) as items:
+            return await _show(items, as_json)
     finally:
         await bus.close()
+
+
+async def _show(items: AsyncIterator[StageEvent | SqlAnswer], as_json: bool) -> int:
+    async for item in items:
+        if isinstance(item, StageEvent):
+            if not as_json:
+                _print_stage(item)
+            continue
+        if as_json:
+            console.print_json(item.model_dump_json())
+        else:
+            _print_answer(item)
+        return 0 if item.status in ("ok", "clarify") else 1
     return 1
 
 
@@ -193,8 +201,14 @@ def register(sql: typer.Typer) -> None:
         limit: Annotated[int, typer.Option(help="only the first N items (0 = all)")] = 0,
         tag: Annotated[str | None, typer.Option(help="only items with this tag")] = None,
         semantic_cache: Annotated[
-            bool, typer.Option(help="measure the semantic cache's false hits")
+            bool, typer.Option(help="run with the semantic cache on (its hits are scored)")
         ] = False,
+        semantic_probe: Annotated[
+            bool, typer.Option(help="measure the semantic cache policy's false hits only")
+        ] = False,
+        semantic_threshold: Annotated[
+            float, typer.Option(help="cosine a semantic-cache hit needs")
+        ] = FlowOptions.semantic_threshold,
         scope: Annotated[str, typer.Option(help="auto | full | retrieval")] = "auto",
         pool: Annotated[str, typer.Option(help="the fleet pool for model calls")] = "sql",
         knowledge_dir: KnowledgeDir = None,
@@ -204,10 +218,12 @@ def register(sql: typer.Typer) -> None:
             Path | None, typer.Option("--json", help="write outcomes here")
         ] = None,
     ) -> None:
-        """Execution accuracy of the pipeline on an evaluation set, with its Wilson interval."""
+        """Execution accuracy of the pipeline on an evaluation set, with its Wilson interval.
+
+        `--semantic-probe` instead measures the semantic cache's false-hit rate: each item
+        asked against a cache of the earlier items' gold SQL (no model involved)."""
         from switchyard.text2sql.evalrun import evaluate as run_eval
         from switchyard.text2sql.evaluation import EvalSet, render_report
-        from switchyard.text2sql.pipeline import FlowOptions
 
         items = EvalSet.load(eval_set).items
         if tag:
@@ -216,7 +232,13 @@ def register(sql: typer.Typer) -> None:
             items = items[:limit]
         if scope not in ("auto", "full", "retrieval"):
             raise typer.BadParameter("--scope: auto, full or retrieval")
-        options = FlowOptions(semantic_cache=semantic_cache, scope=scope, summary=False)  # type: ignore[arg-type]
+        if semantic_probe:
+            _probe(tenant, items, _policy_dir(policy_dir), semantic_threshold, nats_url)
+            return
+        options = FlowOptions(
+            semantic_cache=semantic_cache, semantic_threshold=semantic_threshold,
+            scope=scope, summary=False,  # type: ignore[arg-type]
+        )  # fmt: skip
 
         async def run() -> Any:
             bus = await cli_connect(_settings(nats_url), "sy-sql-eval")
@@ -238,3 +260,31 @@ def register(sql: typer.Typer) -> None:
                      "gold_error": o.gold_error, "seconds": round(o.prediction.seconds, 3)}
                     for o in report.outcomes]  # fmt: skip
             report_json.write_text(json.dumps(rows, indent=1))
+
+
+def _probe(
+    tenant: str, items: list[Any], policy_dir: Path, threshold: float, nats_url: str | None
+) -> None:
+    from switchyard.text2sql.evalrun import probe_semantic_cache
+    from switchyard.text2sql.evaluation import wilson
+
+    async def run() -> Any:
+        bus = await cli_connect(_settings(nats_url), "sy-sql-eval")
+        try:
+            return await probe_semantic_cache(
+                bus, tenant, items, policy_dir=policy_dir, threshold=threshold
+            )
+        finally:
+            await bus.close()
+
+    probe = asyncio.run(run())
+    lo, hi = wilson(probe.false_hits, probe.hits) if probe.hits else (0.0, 1.0)
+    console.print(
+        f"semantic cache at cosine >= {threshold}: {probe.hits} hit(s) in {probe.asked} "
+        f"questions, {probe.false_hits} false: false-hit rate {probe.false_hit_rate:.1%} "
+        f"(95% Wilson {lo:.1%}-{hi:.1%})"
+    )
+    table = Table("asked", "cached question", "cosine", "right")
+    for asked, cached, score, right in probe.examples:
+        table.add_row(asked[:60], cached[:60], f"{score:.3f}", "yes" if right else "NO")
+    console.print(table)

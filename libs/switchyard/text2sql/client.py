@@ -7,9 +7,11 @@ can do the same with any NATS client (the messages are in `proto/`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator
 from typing import Any
 
+import nats.errors
 from nats.aio.msg import Msg
 
 from switchyard import subjects
@@ -22,7 +24,7 @@ from switchyard.messages.sql import SqlAnswer, SqlAsk, StageEvent
 
 async def stream_answer(
     bus: Bus, ask: SqlAsk, *, idle_timeout: float = 120.0
-) -> AsyncIterator[StageEvent | SqlAnswer]:
+) -> AsyncGenerator[StageEvent | SqlAnswer, None]:
     """Yield each stage event as it arrives, and last the answer.
 
     `idle_timeout` bounds the silence between two events (a model call on a busy
@@ -50,7 +52,9 @@ async def stream_answer(
                 raise DecodeError(f"unexpected {event.kind} on a question's inbox", code="schema")
             yield event
     finally:
-        await sub.unsubscribe()
+        # A caller that stops early may close the connection before this runs.
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
 
 
 async def ask_question(

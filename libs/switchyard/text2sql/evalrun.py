@@ -9,10 +9,12 @@ and every statement, gold or predicted, goes through the validator and executor.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from switchyard.bus.connection import Bus
@@ -27,11 +29,13 @@ from switchyard.text2sql.evaluation import (
     ResultSet,
     leakage_guard,
     run_evaluation,
+    same_result,
 )
 from switchyard.text2sql.fleet import FleetModel
 from switchyard.text2sql.guard import GuardClient
 from switchyard.text2sql.index import KnowledgeIndex
 from switchyard.text2sql.knowledge import KnowledgeStore
+from switchyard.text2sql.matching import reusable
 from switchyard.text2sql.pipeline import FlowOptions, Pipeline
 
 
@@ -89,19 +93,88 @@ async def evaluate(
                     seconds=time.perf_counter() - started,
                 )  # fmt: skip
 
-            async def gold(sql: str) -> ResultSet:
-                verdict = await guard.validate(tenant, sql, database, question=None, trace=None)
-                if not verdict.ok:
-                    reason = verdict.error.reason if verdict.error else "refused"
-                    raise SwitchyardError(f"gold SQL refused: {reason}", code="rejected_sql")
-                rows = await guard.run(tenant, verdict, database, max_rows=10_000,
-                                       explain_only=False, trace=None)  # fmt: skip
-                if not rows.ok:
-                    reason = rows.error.reason if rows.error else "failed"
-                    raise SwitchyardError(f"gold SQL failed: {reason}", code="db_error")
-                return ResultSet(rows.columns, rows.rows)
+            gold = _gold_runner(guard, tenant, database)
 
             report = await run_evaluation(items, answer, gold, concurrency=concurrency)
         finally:
             index.close()
     return report, removed
+
+
+@dataclass
+class CacheProbe:
+    """How a semantic cache with this policy would have done on the evaluation set."""
+
+    threshold: float
+    asked: int = 0
+    hits: int = 0
+    false_hits: int = 0
+    examples: list[tuple[str, str, float, bool]] = field(default_factory=list)
+
+    @property
+    def false_hit_rate(self) -> float:
+        return self.false_hits / self.hits if self.hits else 0.0
+
+
+async def probe_semantic_cache(
+    bus: Bus, tenant: str, items: Sequence[EvalItem], *, policy_dir: Path, threshold: float
+) -> CacheProbe:
+    """The semantic cache's false-hit rate, independent of the model that fills it.
+
+    Items are asked in order against a fresh cache that holds the gold SQL of every
+    earlier item (as if each had been answered right). A hit is judged by running the
+    cached SQL and comparing with the asked item's gold results: a false hit is a
+    reused answer that is wrong for the question asked.
+    """
+    policy = PolicyStore(policy_dir).get(tenant)
+    if policy is None or not policy.database:
+        raise SwitchyardError(f"no SQL policy for tenant {tenant!r}", code="unknown_tenant")
+    run_sql = _gold_runner(GuardClient(bus), tenant, policy.database)
+    memo: dict[str, ResultSet] = {}
+
+    async def result(sql: str) -> ResultSet:
+        if sql not in memo:
+            memo[sql] = await run_sql(sql)
+        return memo[sql]
+
+    probe = CacheProbe(threshold)
+    index = KnowledgeIndex(shared_embedder(), location=":memory:")
+    try:
+        for item in items:
+            probe.asked += 1
+            found = await asyncio.to_thread(
+                index.search, tenant, item.question, kinds=["answer"], limit=1
+            )
+            if found and reusable(item.question, found[0].text, found[0].score, threshold):
+                cached = await result(str(found[0].payload["sql"]))
+                right = False
+                for sql in item.gold:
+                    gold = await result(sql)
+                    right = right or same_result(cached, gold, order_matters=item.order_matters)
+                probe.hits += 1
+                probe.false_hits += not right
+                probe.examples.append((item.question, found[0].text, found[0].score, right))
+            await asyncio.to_thread(
+                index.add, tenant, "answer", item.id, item.question, {"sql": item.gold[0]}
+            )
+    finally:
+        index.close()
+    return probe
+
+
+def _gold_runner(
+    guard: GuardClient, tenant: str, database: str
+) -> Callable[[str], Awaitable[ResultSet]]:
+    async def gold(sql: str) -> ResultSet:
+        verdict = await guard.validate(tenant, sql, database, question=None, trace=None)
+        if not verdict.ok:
+            reason = verdict.error.reason if verdict.error else "refused"
+            raise SwitchyardError(f"gold SQL refused: {reason}", code="rejected_sql")
+        rows = await guard.run(tenant, verdict, database, max_rows=10_000,
+                               explain_only=False, trace=None)  # fmt: skip
+        if not rows.ok:
+            reason = rows.error.reason if rows.error else "failed"
+            raise SwitchyardError(f"gold SQL failed: {reason}", code="db_error")
+        return ResultSet(rows.columns, rows.rows)
+
+    return gold

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ _MARKER_KIND = "_version"  # not an ItemKind, so no search can ever return it
 _RESERVED = ("tenant", "kind", "ref", "text")
 _ID_NAMESPACE = uuid.UUID("5f0c6a3e-8f7d-4f35-9b8e-0d6c1b7e2a41")
 _BATCH = 64
+QUERY_CACHE = 64  # question vectors kept
 
 
 class KnowledgeIndexError(SwitchyardError):
@@ -137,6 +139,10 @@ class KnowledgeIndex:
         self._embedder = embedder
         self._collection = collection
         self._lock = threading.Lock()
+        # One question is searched several times (verified, metric, views, semantics,
+        # examples): embed it once. Small, so it holds only the questions in flight.
+        self._queries: OrderedDict[str, list[float]] = OrderedDict()
+        self._queries_lock = threading.Lock()
         try:
             if path is not None:
                 path.mkdir(parents=True, exist_ok=True)
@@ -250,7 +256,7 @@ class KnowledgeIndex:
         _check_kinds(kinds)
         if not kinds or limit < 1:
             return []
-        [vector] = self._embedder.encode([query])
+        vector = self._query_vector(query)
         with self._lock:
             found = self._client.query_points(
                 self._collection,
@@ -276,6 +282,18 @@ class KnowledgeIndex:
                 )
             )
         return hits
+
+    def _query_vector(self, query: str) -> list[float]:
+        with self._queries_lock:
+            if (cached := self._queries.get(query)) is not None:
+                self._queries.move_to_end(query)
+                return cached
+        [vector] = self._embedder.encode([query])
+        with self._queries_lock:
+            self._queries[query] = vector
+            while len(self._queries) > QUERY_CACHE:
+                self._queries.popitem(last=False)
+        return vector
 
     def forget(self, tenant: str, kinds: Sequence[ItemKind] | None = None) -> None:
         """Delete the tenant's items (of `kinds`, or all of them)."""

@@ -22,3 +22,8 @@ def specifics(question: str) -> tuple[int | None, frozenset[str]]:
 
 def same_specifics(question: str, stored: str) -> bool:
     return specifics(question) == specifics(stored)
+
+
+def reusable(question: str, stored: str, score: float, threshold: float) -> bool:
+    """A stored question's SQL may answer `question`: close enough, same specifics."""
+    return score >= threshold and same_specifics(question, stored)

@@ -48,12 +48,12 @@ from switchyard.sqlguard.policy import Policy, PolicyStore
 from switchyard.text2sql import metric_match, prompts
 from switchyard.text2sql.caches import TtlCache
 from switchyard.text2sql.chart import chart_for
-from switchyard.text2sql.fleet import FleetModel
+from switchyard.text2sql.fleet import Completion, FleetModel
 from switchyard.text2sql.grammar import DEFAULT_JOIN_KEYS, select_grammar
 from switchyard.text2sql.guard import GuardClient
 from switchyard.text2sql.index import Hit, KnowledgeIndex
 from switchyard.text2sql.knowledge import KnowledgeStore, TenantKnowledge
-from switchyard.text2sql.matching import same_specifics
+from switchyard.text2sql.matching import reusable
 from switchyard.text2sql.normalise import normalise_question
 from switchyard.token_estimate import CHARS_PER_TOKEN, estimate_text_tokens
 
@@ -61,7 +61,7 @@ log = get_logger(__name__)
 
 Emit = Callable[[StageName, float, dict[str, Any]], Awaitable[None]]
 # The retry's new information (columns, values) is capped to this many tokens.
-RETRY_INFO_TOKENS = 300
+RETRY_INFO_TOKENS = 250
 
 
 @dataclass(frozen=True)
@@ -73,11 +73,11 @@ class FlowOptions:
     scope: Literal["auto", "full", "retrieval"] = "auto"
     # The generation prompt's budget (schema, conventions, examples), estimated tokens:
     # sized for the CPU model's 2,048-token context; raise it on a GPU model.
-    context_budget_tokens: int = 1400
+    context_budget_tokens: int = 1200
     retrieval_views: int = 4
     grammar_views: int = 3
     few_shots: int = 2
-    sql_max_tokens: int = 160
+    sql_max_tokens: int = 200
     summary: bool = True
     summary_max_tokens: int = 60
     rows_to_model: bool = False
@@ -213,9 +213,7 @@ class Pipeline:
         )
         hits = [] if exact else await self._search(run, ["verified"])
         if exact or (
-            hits
-            and hits[0].score >= o.verified_threshold
-            and same_specifics(run.ask.question, hits[0].text)
+            hits and reusable(run.ask.question, hits[0].text, hits[0].score, o.verified_threshold)
         ):
             ref = exact.id if exact else str(hits[0].payload.get("id", hits[0].ref))
             query = exact or next((q for q in run.knowledge.verified if q.id == ref), None)
@@ -231,8 +229,8 @@ class Pipeline:
             sem = await self._search(run, ["answer"])
             if (
                 sem
-                and sem[0].score >= o.semantic_threshold
-                and (sem[0].payload.get("knowledge_version") == run.knowledge.version)
+                and sem[0].payload.get("knowledge_version") == run.knowledge.version
+                and reusable(run.ask.question, sem[0].text, sem[0].score, o.semantic_threshold)
             ):
                 await run.stage("cache", time.perf_counter() - t, cache="semantic",
                                 question=sem[0].text, score=round(sem[0].score, 4))  # fmt: skip
@@ -349,6 +347,7 @@ class Pipeline:
         messages = first
         sql = given
         for attempt_no in (1, 2):
+            done: Completion | None = None
             if sql is None:
                 t = time.perf_counter()
                 done = await self.model.complete(
@@ -359,7 +358,14 @@ class Pipeline:
                 sql = done.text.strip()
                 await run.stage("sql", time.perf_counter() - t, sql=sql, attempt=attempt_no,
                                 finish=done.result.finish_reason)  # fmt: skip
-            attempt = await self._through_walls(run, sql)
+            if done is not None and done.result.finish_reason == "length":
+                # The grammar guarantees a valid statement only when it is finished: a
+                # cut one is refused here, with the reason, not sent to be parsed.
+                reason = (f"the statement was cut off at {self.options.sql_max_tokens} "
+                          "tokens; write a shorter one")  # fmt: skip
+                attempt = Attempt(sql, failure=prompts.Failure("generation", None, reason, []))
+            else:
+                attempt = await self._through_walls(run, sql)
             if attempt.ok:
                 return await self._finish(run, attempt, path, attempts=attempt_no)
             assert attempt.failure is not None
