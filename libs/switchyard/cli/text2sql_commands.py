@@ -18,7 +18,7 @@ from rich.table import Table
 from switchyard.cli.bus_commands import NatsUrl, cli_connect
 from switchyard.config import Settings
 from switchyard.messages.sql import SqlAnswer, SqlAsk, StageEvent
-from switchyard.text2sql.pipeline import FlowOptions
+from switchyard.text2sql.matching import SEMANTIC_THRESHOLD
 
 console = Console()
 err = Console(stderr=True)
@@ -208,7 +208,7 @@ def register(sql: typer.Typer) -> None:
         ] = False,
         semantic_threshold: Annotated[
             float, typer.Option(help="cosine a semantic-cache hit needs")
-        ] = FlowOptions.semantic_threshold,
+        ] = SEMANTIC_THRESHOLD,
         scope: Annotated[str, typer.Option(help="auto | full | retrieval")] = "auto",
         pool: Annotated[str, typer.Option(help="the fleet pool for model calls")] = "sql",
         knowledge_dir: KnowledgeDir = None,
@@ -224,6 +224,7 @@ def register(sql: typer.Typer) -> None:
         asked against a cache of the earlier items' gold SQL (no model involved)."""
         from switchyard.text2sql.evalrun import evaluate as run_eval
         from switchyard.text2sql.evaluation import EvalSet, render_report
+        from switchyard.text2sql.pipeline import FlowOptions
 
         items = EvalSet.load(eval_set).items
         if tag:

@@ -13,6 +13,11 @@ import re
 from switchyard.text2sql.timeframe import days_in
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
+# Cosine a stored question needs to be reused. MiniLM puts true paraphrases of the demo
+# questions at 0.75-0.82 and different questions at up to 0.91 (`sy sql eval
+# --semantic-probe`: every hit at 0.85-0.90 was wrong), so only near-repeats pass.
+VERIFIED_THRESHOLD = 0.90
+SEMANTIC_THRESHOLD = 0.95
 
 
 def specifics(question: str) -> tuple[int | None, frozenset[str]]:

@@ -53,7 +53,7 @@ from switchyard.text2sql.grammar import DEFAULT_JOIN_KEYS, select_grammar
 from switchyard.text2sql.guard import GuardClient
 from switchyard.text2sql.index import Hit, KnowledgeIndex
 from switchyard.text2sql.knowledge import KnowledgeStore, TenantKnowledge
-from switchyard.text2sql.matching import reusable
+from switchyard.text2sql.matching import SEMANTIC_THRESHOLD, VERIFIED_THRESHOLD, reusable
 from switchyard.text2sql.normalise import normalise_question
 from switchyard.token_estimate import CHARS_PER_TOKEN, estimate_text_tokens
 
@@ -66,10 +66,10 @@ RETRY_INFO_TOKENS = 250
 
 @dataclass(frozen=True)
 class FlowOptions:
-    verified_threshold: float = 0.90
+    verified_threshold: float = VERIFIED_THRESHOLD
     metric_threshold: float = 0.45  # and metric_match.answers(): see there
     semantic_cache: bool = False
-    semantic_threshold: float = 0.95
+    semantic_threshold: float = SEMANTIC_THRESHOLD
     scope: Literal["auto", "full", "retrieval"] = "auto"
     # The generation prompt's budget (schema, conventions, examples), estimated tokens:
     # sized for the CPU model's 2,048-token context; raise it on a GPU model.
