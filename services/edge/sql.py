@@ -7,9 +7,9 @@ deadline, publishes a `SqlAsk` on `sql.in.<tenant>` and reads the orchestrator's
 `data: {"type": "stage", ...}`, then `data: {"type": "answer", ...}`, then
 `data: [DONE]`.
 
-sqlflow has no cancel protocol yet: when the client goes away the edge stops
-listening, and the orchestrator finishes the question for nobody (its answer
-still lands on `res.sql.<tenant>`).
+When the client goes away before the answer, the edge publishes
+`cancel.<request id>`: sqlflow stops the question (and its model call) and answers
+it `cancelled`, on `res.sql.<tenant>` like any other answer.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from services.edge import sse
 from services.edge.errors import ApiError
+from switchyard import subjects
 from switchyard.bus.connection import Bus
+from switchyard.codec import encode
 from switchyard.errors import StreamTimeout, SwitchyardError
 from switchyard.logging import get_logger
-from switchyard.messages.inference import ErrorInfo
+from switchyard.messages.inference import Cancel, ErrorInfo
 from switchyard.messages.sql import (
     AnswerPath,
     Cell,
@@ -139,7 +141,10 @@ class SqlReply:
     a timed-out wait never cancels it mid-message."""
 
     def __init__(self, bus: Bus, ask: SqlAsk, *, idle_timeout: float) -> None:
+        self.bus = bus
         self.request_id = ask.id
+        self.tenant = ask.tenant
+        self.answered = False
         self._queue: asyncio.Queue[StageEvent | SqlAnswer | BaseException] = asyncio.Queue()
         self._pump = asyncio.create_task(self._run(bus, ask, idle_timeout))
 
@@ -158,14 +163,23 @@ class SqlReply:
         except TimeoutError:
             return None
         if isinstance(item, BaseException):
+            self.answered = True  # nothing more will come
             raise item
+        if isinstance(item, SqlAnswer):
+            self.answered = True
         return item
 
     async def close(self) -> None:
-        """Stop listening (the pump's cancellation unsubscribes the inbox)."""
+        """Stop listening (the pump's cancellation unsubscribes the inbox); a question
+        left unanswered is cancelled, so sqlflow and the model stop working on it."""
         self._pump.cancel()
         with contextlib.suppress(BaseException):
             await self._pump
+        if not self.answered:
+            cancel = Cancel(tenant=self.tenant, request_id=self.request_id, reason="client")
+            with contextlib.suppress(Exception):  # best effort: the connection may be gone
+                await self.bus.nc.publish(subjects.cancel(self.request_id), encode(cancel))
+                await self.bus.nc.flush()
 
 
 async def wait_answer(reply: SqlReply, request: Request) -> SqlAnswer:

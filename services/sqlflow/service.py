@@ -26,7 +26,7 @@ from switchyard.bus.publish import publish
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError, ErrorCode
 from switchyard.logging import bind_request, get_logger
-from switchyard.messages.inference import ErrorInfo
+from switchyard.messages.inference import Cancel, ErrorInfo
 from switchyard.messages.sql import SqlAnswer, SqlAsk, StageEvent, StageName
 from switchyard.sqlguard.policy import PolicyStore
 from switchyard.text2sql.embedding import shared_embedder
@@ -84,8 +84,19 @@ async def run_sqlflow(
     bus: Bus, stop: asyncio.Event, settings: SqlflowSettings, index: KnowledgeIndex | None = None
 ) -> None:
     own_index = index is None
-    knowledge_index = index or await asyncio.to_thread(open_index, settings)
+    knowledge_index = await asyncio.to_thread(open_index, settings) if index is None else index
     pipeline = build_pipeline(bus, settings, knowledge_index)
+    running: dict[str, asyncio.Task[SqlAnswer]] = {}
+
+    async def on_cancel(msg: Msg) -> None:
+        """`cancel.<question id>` (the edge when its client goes away): stop the question;
+        its model call is cancelled with it (`FleetModel`)."""
+        with contextlib.suppress(DecodeError):
+            request_id = decode(msg.data, Cancel).request_id
+            if (task := running.get(request_id)) is not None:
+                task.cancel()
+
+    cancels = await bus.nc.subscribe(subjects.CANCEL_ALL, cb=on_cancel)
 
     async def on_ask(msg: Msg) -> None:
         ask = decode(msg.data, SqlAsk, max_bytes=settings.max_message_bytes)
@@ -101,7 +112,18 @@ async def run_sqlflow(
                                        stage=stage, seconds=seconds, data=data)  # fmt: skip
                     await bus.nc.publish(ask.reply, encode(event))
 
-            answer = await pipeline.answer(ask, emit)
+            task = asyncio.create_task(pipeline.answer(ask, emit))
+            running[ask.id] = task
+            try:
+                answer = await task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # this process is stopping: the question is redelivered
+                answer = cancelled(ask)  # the asker cancelled it
+                await pipeline.audit(answer)
+            finally:
+                running.pop(ask.id, None)
             await deliver(bus, answer, ask.reply)
             log.info("sqlflow.answered", path=answer.path, status=answer.status,
                      seconds=round(answer.duration, 3))  # fmt: skip
@@ -127,9 +149,18 @@ async def run_sqlflow(
         await stop.wait()
         loop.stop()
         await task
+        await cancels.unsubscribe()
     finally:
         if own_index:
             knowledge_index.close()
+
+
+def cancelled(ask: SqlAsk) -> SqlAnswer:
+    return SqlAnswer(
+        tenant=ask.tenant, trace=ask.trace, request_id=ask.id, question=ask.question,
+        status="error", path="error",
+        error=ErrorInfo(code="cancelled", reason="the asker cancelled the question"),
+    )  # fmt: skip
 
 
 def expired(ask: SqlAsk) -> SqlAnswer:

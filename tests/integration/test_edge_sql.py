@@ -3,6 +3,8 @@ worker, sqlflow) over NATS and MariaDB, with the edge in process and plain HTTP.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import uuid
@@ -12,12 +14,15 @@ from typing import Any
 
 import httpx
 import pytest
+from nats.aio.msg import Msg
 
 from switchyard import subjects
 from switchyard.bus import rpc
 from switchyard.bus.connection import Bus, connect
+from switchyard.codec import decode
 from switchyard.config import Settings
-from switchyard.messages.sql import ExecuteReply
+from switchyard.errors import DecodeError
+from switchyard.messages.sql import ExecuteReply, SqlAnswer
 from switchyard.text2sql.knowledge import KnowledgeStore
 from tests.support.edge import edge_in_process, write_keys
 from tests.support.fleet import provision_pool
@@ -209,3 +214,36 @@ async def test_malformed_bodies_are_typed_422(
     assert err["type"] == "invalid_request_error" and err["request_id"]
     if param is not None:
         assert err["param"] == param
+
+
+async def test_client_leaving_mid_stream_cancels_the_question(sql_edge: str, bus: Bus) -> None:
+    """The edge publishes `cancel.<id>` when its client goes before the answer; sqlflow
+    then answers the question `cancelled` on RES (where nothing else would say so)."""
+    answers: list[SqlAnswer] = []
+
+    async def seen(msg: Msg) -> None:
+        with contextlib.suppress(DecodeError):
+            answers.append(decode(msg.data, SqlAnswer))
+
+    sub = await bus.nc.subscribe(subjects.res("sql", "acme"), cb=seen)
+    # Names a view, so it goes to generation (slow on the CPU model) whatever the intent.
+    body = {"question": "List every server with its region and opening day", "stream": True,
+            "no_cache": True}  # fmt: skip
+    try:
+        async with (
+            httpx.AsyncClient(base_url=sql_edge, timeout=60) as http,
+            http.stream("POST", "/v1/sql/ask", json=body, headers=auth()) as r,
+        ):
+            assert r.status_code == 200
+            rid = r.headers["x-request-id"]
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and json.loads(line[6:]).get("stage") == "scope":
+                    break  # leave with the SQL being generated
+        for _ in range(100):
+            if any(a.request_id == rid for a in answers):
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await sub.unsubscribe()
+    (mine,) = [a for a in answers if a.request_id == rid]
+    assert mine.status == "error" and mine.error and mine.error.code == "cancelled", mine

@@ -5,6 +5,7 @@ every stage, prompt injection, and bad input answered with a reason."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from pathlib import Path
@@ -14,8 +15,9 @@ from nats.aio.msg import Msg
 from switchyard import subjects
 from switchyard.bus import rpc
 from switchyard.bus.connection import Bus
-from switchyard.codec import decode
-from switchyard.messages.inference import GenerateRequest
+from switchyard.codec import decode, encode
+from switchyard.errors import DecodeError
+from switchyard.messages.inference import Cancel, GenerateRequest, GenerateResult
 from switchyard.messages.sql import AuditEvent, ExecuteReply, SqlAnswer, SqlAsk
 from switchyard.sqlguard import validate
 from switchyard.text2sql.client import ask_question, stream_answer
@@ -217,3 +219,39 @@ async def test_a_cut_statement_is_refused_before_the_walls(
     retry = next(e for e in events if e.stage == "retry")
     assert "cut off at 16 tokens" in retry.data["failure"]
     assert answer.status == "clarify" and answer.attempts == 2
+
+
+async def test_a_cancelled_question_stops_its_model_call(
+    bus: Bus, nats_url: str, sqlenv: SqlEnv, tmp_path: Path, unique: str
+) -> None:
+    """`cancel.<question id>` (what the edge sends when its client goes away) stops the
+    question, answers it `cancelled`, and aborts the model call it was waiting on."""
+    results: list[GenerateResult] = []
+
+    async def seen(msg: Msg) -> None:
+        with contextlib.suppress(DecodeError):
+            results.append(decode(msg.data, GenerateResult))
+
+    sub = await bus.nc.subscribe(subjects.res("sql", "acme"), cb=seen)
+    ask = SqlAsk(tenant="acme", question="List the names of the game servers and their regions")
+    try:
+        async with text2sql_fleet(bus, nats_url, sqlenv, tmp_path / "index", unique,
+                                  summary=False, sql_max_tokens=400):  # fmt: skip
+            stages: list[str] = []
+            answer = None
+            async for item in stream_answer(bus, ask):
+                if isinstance(item, SqlAnswer):
+                    answer = item
+                    break
+                stages.append(item.stage)
+                if item.stage == "scope":  # the SQL generation starts now
+                    await asyncio.sleep(0.5)
+                    cancel = Cancel(tenant="acme", request_id=ask.id)
+                    await bus.nc.publish(subjects.cancel(ask.id), encode(cancel))
+            await asyncio.sleep(1.0)  # the worker's cancelled result reaches RES
+    finally:
+        await sub.unsubscribe()
+    assert answer is not None and answer.error and answer.error.code == "cancelled", answer
+    assert "sql" not in stages and "validation" not in stages, stages
+    aborted = [r for r in results if r.status == "cancelled"]
+    assert aborted, [(r.status, r.finish_reason) for r in results]

@@ -9,6 +9,8 @@ The reply comes back as a token stream on our own inbox.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -16,8 +18,10 @@ from switchyard import subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
+from switchyard.codec import encode
 from switchyard.errors import SwitchyardError
 from switchyard.messages.inference import (
+    Cancel,
     ChatMessage,
     Constraint,
     GenerateRequest,
@@ -82,18 +86,32 @@ class FleetModel:
                 reply=stream.inbox,
             )
             await publish(self.bus.js, subjects.req("sql", tenant), req)
-            async for frame in stream:
-                if frame.type == "error" and frame.error is not None:
-                    raise SwitchyardError(
-                        f"model call failed: {frame.error.reason}", code=frame.error.code
+            try:
+                return await self._read(stream, req, started)
+            except asyncio.CancelledError:
+                # The question was cancelled: stop the model too (core NATS, best effort).
+                with contextlib.suppress(Exception):
+                    cancel = Cancel(tenant=tenant, request_id=req.id, reason="question")
+                    await asyncio.shield(
+                        self.bus.nc.publish(subjects.cancel(req.id), encode(cancel))
                     )
-                if frame.type == "end" and frame.result is not None:
-                    result = frame.result
-                    if result.status != "ok":
-                        info = result.error
-                        raise SwitchyardError(
-                            f"model call {result.status}: {info.reason if info else '-'}",
-                            code=info.code if info else "engine_error",
-                        )
-                    return Completion(result.text, result, req, time.perf_counter() - started)
+                raise
+
+    async def _read(
+        self, stream: TokenStreamReader, req: GenerateRequest, started: float
+    ) -> Completion:
+        async for frame in stream:
+            if frame.type == "error" and frame.error is not None:
+                raise SwitchyardError(
+                    f"model call failed: {frame.error.reason}", code=frame.error.code
+                )
+            if frame.type == "end" and frame.result is not None:
+                result = frame.result
+                if result.status != "ok":
+                    info = result.error
+                    raise SwitchyardError(
+                        f"model call {result.status}: {info.reason if info else '-'}",
+                        code=info.code if info else "engine_error",
+                    )
+                return Completion(result.text, result, req, time.perf_counter() - started)
         raise SwitchyardError("model stream ended without a result", code="engine_error")

@@ -164,7 +164,7 @@ class Pipeline:
                 answer = await self._answer(run)
             except SwitchyardError as exc:
                 answer = run.answer(status="error", path="error", error=_info(exc))
-        await self._audit(answer)
+        await self.audit(answer)
         return answer
 
     async def _start(self, ask: SqlAsk, emit: Emit) -> Run:
@@ -498,7 +498,7 @@ class Pipeline:
             attempts=attempts, reference=reference,
         )  # fmt: skip
 
-    async def _audit(self, answer: SqlAnswer) -> None:
+    async def audit(self, answer: SqlAnswer) -> None:
         """One audit event per question, whatever the path: what was asked, what ran."""
         event = sql_audit(
             tenant=answer.tenant, request_id=answer.request_id, event="sql.answer",
