@@ -65,7 +65,8 @@ FLEET: tuple[Service, ...] = (
     # One pool per workload: chat (`llm`), game-agent steps (`agent`), Text2SQL (`sql`).
     Service("worker", "services.worker", {"SY_POOL": "llm"}),
     Service("worker-agent", "services.worker", {"SY_POOL": "agent"}),
-    Service("worker-sql", "services.worker", {"SY_POOL": "sql"}),
+    # A 4,096-token context: the SQL prompt carries schema text (SmolLM2 allows 8,192).
+    Service("worker-sql", "services.worker", {"SY_POOL": "sql", "SY_LLAMACPP_N_CTX": "4096"}),
     Service("router", "services.router"),
     Service("sqlflow", "services.sqlflow"),
     Service("preprocessor", "services.preprocessor"),
