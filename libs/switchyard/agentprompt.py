@@ -19,11 +19,13 @@ with `fit`, and whoever executes an action maps its coordinates back with
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from switchyard.messages.agent import AgentStep
-from switchyard.messages.inference import ChatMessage, Image, ImagePart, TextPart
+from switchyard.messages.agent import AgentStep, parse_answer
+from switchyard.messages.inference import ChatMessage, FrameGeometry, Image, ImagePart, TextPart
 
 # Qwen2.5-VL: 14 px patches merged 2x2, so one visual token per 28x28 square.
 PATCH_PX = 28
@@ -69,6 +71,33 @@ class Geometry:
         ox = min(self.orig_width - 1, max(0, math.floor((x + 0.5) * sx)))
         oy = min(self.orig_height - 1, max(0, math.floor((y + 0.5) * sy)))
         return ox, oy
+
+    @classmethod
+    def of(cls, g: FrameGeometry) -> Geometry:
+        return cls(g.orig_width, g.orig_height, g.width, g.height)
+
+
+# The coordinate pairs of the action contract (click/long_press, swipe).
+_POINTS = (("x", "y"), ("x1", "y1"), ("x2", "y2"))
+
+
+def answer_to_original(text: str, geometry: Geometry) -> str:
+    """An answer with every coordinate mapped from resized to original pixels.
+
+    Text that is not a valid answer is returned unchanged: the client's own
+    validation reports it, and a half-mapped answer would be worse than none.
+    """
+    try:
+        parse_answer(text)
+        obj: Any = json.loads(text)
+    except ValueError:
+        return text
+    actions = obj.get("actions", [obj])
+    for action in actions:
+        for kx, ky in _POINTS:
+            if kx in action and ky in action:
+                action[kx], action[ky] = geometry.to_original(action[kx], action[ky])
+    return json.dumps(obj, separators=(",", ":"))
 
 
 def history_text(goal: str, history: list[str]) -> str:

@@ -44,7 +44,7 @@ ENVELOPES: dict[str, type[Envelope]] = {
         GenerateResult,
         Cancel,
         SqlAnswer,
-    SqlAsk,
+        SqlAsk,
         ValidateRequest,
         ValidateReply,
         ExecuteRequest,

@@ -35,6 +35,7 @@ from switchyard.logging import bind_request, get_logger
 from switchyard.messages.agent import AgentStep, answer_schema
 from switchyard.messages.inference import (
     ErrorInfo,
+    FrameGeometry,
     GenerateRequest,
     Image,
     JsonSchemaConstraint,
@@ -70,6 +71,7 @@ def to_generate(
     images = [to_image(f) for f in frames]
     messages = build_messages(step, images)
     opts = step.options
+    g = frames[-1].geometry  # the model answers in the current frame's resized pixels
     return GenerateRequest(
         id=step.id, tenant=step.tenant, created_at=step.created_at, deadline=step.deadline,
         priority=step.priority, session=step.session, frame_ts=step.frame_ts,
@@ -81,6 +83,12 @@ def to_generate(
         ),
         prompt_tokens=estimate_prompt_tokens(messages, images),
         stale_after=step.stale_after,
+        frame_geometry=FrameGeometry(
+            orig_width=g.orig_width, orig_height=g.orig_height, width=g.width, height=g.height
+        ),
+        # No token stream: partial JSON is no use to a phone, and its deltas would
+        # carry resized-space coordinates; the worker maps the finished answer.
+        stream=False,
     )  # fmt: skip
 
 

@@ -260,8 +260,10 @@ class Router:
                 await self._refuse(req, msg, "expired", "expired", "deadline passed in the queue")
                 return True
             try:
+                # The worker reports admission -> dispatch as the router's queueing time.
+                sent = req.model_copy(update={"dispatched_at": now})
                 await publish(
-                    self.bus.js, subjects.work(req.pool, item.partition), req, msg_id=req.id
+                    self.bus.js, subjects.work(req.pool, item.partition), sent, msg_id=req.id
                 )
                 await msg.ack()
             except Exception as exc:

@@ -17,15 +17,18 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from services.worker import metrics
+from switchyard.agentprompt import Geometry, answer_to_original
 from switchyard.answers import answer, result_for
 from switchyard.bus.tokenstream import TokenStreamWriter
 from switchyard.engines.base import Engine, EngineRequest
+from switchyard.engines.sim import SimEngine
 from switchyard.errors import ErrorCode, SwitchyardError
 from switchyard.logging import bind_request, get_logger
 from switchyard.messages.inference import (
     ErrorInfo,
     FinishReason,
     GenerateRequest,
+    ModelledTimings,
     ResultStatus,
     Timings,
     Usage,
@@ -140,6 +143,9 @@ class Runner:
             if watchdog is not None:
                 watchdog.cancel()
         timings = _timings(since, started, first, last, usage.completion_tokens)
+        timings = timings.model_copy(
+            update={"router": _router_wait(req), "modelled": self._modelled(req.id)}
+        )
         if timings.ttft is not None:
             metrics.TTFT.labels(self.engine.kind).observe(timings.ttft)
         if timings.tpot is not None:
@@ -153,7 +159,23 @@ class Runner:
                 "".join(text), finish, usage, timings,
                 ErrorInfo(code="cancelled" if reason == "cancelled" else "expired", reason=reason),
             )  # fmt: skip
-        return Outcome("ok", "".join(text), finish, usage, timings)
+        answer_text = "".join(text)
+        if req.frame_geometry is not None:
+            # The model saw the resized frame; the phone acts on its own pixels.
+            answer_text = answer_to_original(answer_text, Geometry.of(req.frame_geometry))
+        return Outcome("ok", answer_text, finish, usage, timings)
+
+    def _modelled(self, request_id: str) -> ModelledTimings | None:
+        """The sim engine's modelled cost of a finished request (other engines have none)."""
+        if not isinstance(self.engine, SimEngine):
+            return None
+        t = self.engine.timings(request_id)
+        if t is None:
+            return None
+        return ModelledTimings(
+            queue=t.queue, prefill=t.prefill,
+            decode=max(0.0, t.total - t.queue - t.prefill), total=t.total,
+        )  # fmt: skip
 
 
 def _refusal(
@@ -165,6 +187,12 @@ def _refusal(
         timings=Timings(queue=max(0.0, now - since), total=max(0.0, now - since)),
         error=ErrorInfo(code=code, reason=reason),
     )
+
+
+def _router_wait(req: GenerateRequest) -> float | None:
+    if req.admitted_at is None or req.dispatched_at is None:
+        return None
+    return max(0.0, req.dispatched_at - req.admitted_at)
 
 
 def _timings(since: float, started: float, first: float | None, last: float, n: int) -> Timings:

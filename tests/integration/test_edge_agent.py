@@ -7,9 +7,7 @@ One fleet serves the module (the model loads once). Both endpoints that return r
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -21,19 +19,12 @@ import pytest
 
 from services.edge.app import create_app
 from services.edge.settings import EdgeSettings
-from switchyard.bench.fleetproc import wait_for_workers
 from switchyard.bus.connection import connect
 from switchyard.config import Settings
 from switchyard.ids import new_id
 from switchyard.messages.agent import answer_schema, parse_answer
 from tests.integration.test_agent_path import png_frame, png_with_header
-from tests.support.edge import edge_in_process, write_keys
-from tests.support.fleet import (
-    preprocessor_in_process,
-    provision_pool,
-    router_in_process,
-    worker_in_process,
-)
+from tests.support.edge import agent_fleet_with_edge, write_keys
 
 KEYS = {"sk-alpha": {"tenant": "alpha"}, "sk-beta": {"tenant": "beta"}}
 FLEET_FRAME_BYTES = 256 * 1024  # the preprocessor's cap
@@ -48,29 +39,14 @@ def auth(key: str = "sk-alpha") -> dict[str, str]:
 @pytest.fixture(scope="module")
 async def edge(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
     pool = f"ea{new_id().lower()[-8:]}"
-    worker = f"{pool}-w0"
     keys = write_keys(tmp_path_factory.mktemp("edge-agent") / "keys.yaml", KEYS)
     bus = await connect(Settings(nats_url=nats_url), "pytest-edge-agent")
-    await provision_pool(bus.js, pool)
     try:
-        async with contextlib.AsyncExitStack() as stack:
-            await stack.enter_async_context(
-                router_in_process(nats_url, partitions=4, pools=[pool], rebalance_interval=0.2)
-            )
-            await stack.enter_async_context(
-                worker_in_process(nats_url, pool=pool, engine="llamacpp", assignment="kv",
-                                  worker_id=worker, heartbeat_interval=0.3)
-            )  # fmt: skip
-            await stack.enter_async_context(
-                preprocessor_in_process(nats_url, agent_pool=pool, chat_pool=pool, frame_procs=0,
-                                        max_frame_bytes=FLEET_FRAME_BYTES)
-            )  # fmt: skip
-            url = await stack.enter_async_context(
-                edge_in_process(nats_url, api_keys_file=keys, chat_pool=pool, agent_pool=pool,
-                                max_frame_bytes=EDGE_FRAME_BYTES)
-            )  # fmt: skip
-            await wait_for_workers(bus.js, {worker}, timeout=60)
-            await asyncio.sleep(1.0)  # the router has seen the heartbeat and assigned partitions
+        async with agent_fleet_with_edge(
+            nats_url, bus, pool, keys, engine="llamacpp",
+            preprocessor={"max_frame_bytes": FLEET_FRAME_BYTES},
+            edge={"max_frame_bytes": EDGE_FRAME_BYTES},
+        ) as url:  # fmt: skip
             yield url
     finally:
         await bus.close()

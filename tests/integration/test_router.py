@@ -320,6 +320,9 @@ async def test_dead_worker_loses_its_partitions_only_and_no_request_is_lost(
     env = {
         "SY_ASSIGNMENT": "kv", "SY_POOL": pool, "SY_ENGINE": "sim", "SY_PARTITIONS": str(parts),
         "SY_HEARTBEAT_INTERVAL": "0.3", "SY_SIM_DELAY_SCALE": "0.2",
+        # One slot each (router credit 2): most of the 30 requests still wait in the router
+        # when the worker dies, so its partitions must move before they can be answered.
+        "SY_SIM_MAX_NUM_SEQS": "1",
     }  # fmt: skip
     workers = [f"{pool}-w{i}" for i in range(3)]
     async with router_in_process(

@@ -148,3 +148,40 @@ async def sqlflow_without_policies(nats_url: str, where: Path) -> AsyncIterator[
         stop.set()
         await asyncio.wait_for(task, 60)
         await bus.close()
+
+
+@contextlib.asynccontextmanager
+async def agent_fleet_with_edge(
+    nats_url: str, bus: Any, pool: str, keys: Path, *, engine: str,
+    preprocessor: dict[str, Any], edge: dict[str, Any],
+) -> AsyncIterator[str]:  # fmt: skip
+    """Router, one worker, preprocessor and edge for a private agent `pool`; yields the
+    edge's URL once the worker's partitions are assigned."""
+    from switchyard.bench.fleetproc import wait_for_workers
+    from tests.support.fleet import (
+        preprocessor_in_process,
+        provision_pool,
+        router_in_process,
+        worker_in_process,
+    )
+
+    worker = f"{pool}-w0"
+    await provision_pool(bus.js, pool)
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(
+            router_in_process(nats_url, partitions=4, pools=[pool], rebalance_interval=0.2)
+        )
+        await stack.enter_async_context(
+            worker_in_process(nats_url, pool=pool, engine=engine, assignment="kv",
+                              worker_id=worker, heartbeat_interval=0.3)
+        )  # fmt: skip
+        await stack.enter_async_context(
+            preprocessor_in_process(nats_url, agent_pool=pool, chat_pool=pool, frame_procs=0,
+                                    **preprocessor)
+        )  # fmt: skip
+        url = await stack.enter_async_context(
+            edge_in_process(nats_url, api_keys_file=keys, chat_pool=pool, agent_pool=pool, **edge)
+        )
+        await wait_for_workers(bus.js, {worker}, timeout=60)
+        await asyncio.sleep(1.0)  # the router has seen the heartbeat and assigned partitions
+        yield url

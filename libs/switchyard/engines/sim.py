@@ -266,6 +266,11 @@ class SimEngine:
 
     # -- modelled numbers -----------------------------------------------------
 
+    @property
+    def max_num_seqs(self) -> int:
+        """The batch cap; the worker's heartbeat advertises it as its slots (router credit)."""
+        return self.settings.max_num_seqs
+
     def tpot(self, batch: int) -> float:
         """Modelled duration of one decode step with `batch` running sequences."""
         s = self.settings

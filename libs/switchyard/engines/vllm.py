@@ -410,6 +410,11 @@ class VllmEngine:
         self._tokenizer: ChatTokenizer | None = None
         self._inflight: dict[str, _InFlight] = {}
 
+    @property
+    def max_num_seqs(self) -> int:
+        """The batch cap; the worker's heartbeat advertises it as its slots (router credit)."""
+        return self.settings.max_num_seqs
+
     async def start(self) -> None:
         if self._llm is not None:
             return

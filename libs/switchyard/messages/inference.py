@@ -115,6 +115,19 @@ class ChatRequest(Envelope):
     stream: bool = True
 
 
+class FrameGeometry(Model):
+    """An agent step's current frame: its original size and the size the model saw.
+
+    The preprocessor records it so the worker can map the answer's coordinates
+    (resized space, what the model sees) back to the phone's pixels.
+    """
+
+    orig_width: int = Field(ge=1, le=16384)
+    orig_height: int = Field(ge=1, le=16384)
+    width: int = Field(ge=1, le=16384)
+    height: int = Field(ge=1, le=16384)
+
+
 class GenerateRequest(Envelope):
     """What the router schedules from `REQ` and a worker runs from `WORK`.
 
@@ -139,6 +152,10 @@ class GenerateRequest(Envelope):
     stream: bool = True
     # Set by the router: when it admitted the request (for queue timings).
     admitted_at: UnixTime | None = None
+    # Set by the router: when it published the request to WORK (router queueing).
+    dispatched_at: UnixTime | None = None
+    # Agent steps: the current frame's geometry; answers carry original-frame coordinates.
+    frame_geometry: FrameGeometry | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
@@ -156,13 +173,34 @@ class Usage(Model):
     cached_tokens: int = Field(default=0, ge=0)
 
 
+class ModelledTimings(Model):
+    """What a simulated engine's time model says a request cost, in modelled seconds.
+
+    Only the `sim` engine fills these: virtual time at its calibration, free of
+    this machine's CPU contention (the wall clock follows it times the delay scale).
+    `queue` waits for a batch slot and KV blocks; `decode` is prefill end -> last token
+    (alignment to a step boundary plus one step per token); `total` = their sum.
+    """
+
+    queue: float = Field(default=0.0, ge=0)
+    prefill: float = Field(default=0.0, ge=0)
+    decode: float = Field(default=0.0, ge=0)
+    total: float = Field(default=0.0, ge=0)
+
+
 class Timings(Model):
-    """Seconds. `queue` is admission -> engine start; `ttft` from engine start."""
+    """Seconds. `queue` is admission -> engine start; `ttft` from engine start.
+
+    `router` is admission -> dispatch to WORK (measured, when the router set both
+    times); `modelled` is the engine's own modelled cost (the `sim` engine only).
+    """
 
     queue: float = 0.0
     ttft: float | None = None
     tpot: float | None = None
     total: float = 0.0
+    router: float | None = None
+    modelled: ModelledTimings | None = None
 
 
 class ErrorInfo(Model):
