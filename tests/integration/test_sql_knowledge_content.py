@@ -6,27 +6,17 @@ NATS, on the demo data, and the gold answers are not trivially empty."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
-import pytest
-
-from services.executor.service import run_executor
-from services.executor.settings import ExecutorSettings
-from services.validator.service import run_validator
-from services.validator.settings import ValidatorSettings
 from switchyard import subjects
 from switchyard.bus import rpc
-from switchyard.bus.connection import Bus, connect
-from switchyard.bus.provision import provision
-from switchyard.bus.topology import Topology, TopologySettings, build_topology
+from switchyard.bus.connection import Bus
 from switchyard.messages.sql import ExecuteReply, ExecuteRequest, ValidateReply, ValidateRequest
 from switchyard.text2sql.evaluation import EvalSet
 from switchyard.text2sql.knowledge import KnowledgeStore
 from tests.conftest import REPO
 from tests.support.sqlenv import SqlEnv
+from tests.support.sqlservices import sql_services
 
 KNOWLEDGE = REPO / "deploy" / "knowledge"
 EVAL_SET = REPO / "evals" / "sql" / "game-ops.yaml"
@@ -41,34 +31,6 @@ class Outcome:
     key: str
     rows: int = 0
     failure: str | None = None
-
-
-@pytest.fixture
-async def audit_stream(bus: Bus) -> None:
-    streams = tuple(s for s in build_topology(TopologySettings()).streams if s.name == "AUDIT")
-    await provision(bus.js, Topology(streams, (), ()))
-
-
-@contextlib.asynccontextmanager
-async def services(nats_url: str, sqlenv: SqlEnv, **executor: Any) -> AsyncIterator[None]:
-    vset = ValidatorSettings(
-        nats_url=nats_url, sql_signing_key=sqlenv.signing_key, sql_policy_dir=sqlenv.policy_dir
-    )
-    eset = sqlenv.settings(ExecutorSettings, nats_url=nats_url, **executor)
-    stop = asyncio.Event()
-    buses = [await connect(vset, "test-validator"), await connect(eset, "test-executor")]
-    tasks = [
-        asyncio.create_task(run_validator(buses[0], stop, vset)),
-        asyncio.create_task(run_executor(buses[1], stop, eset)),
-    ]
-    await asyncio.sleep(0.2)
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 30)
-        for b in buses:
-            await b.close()
 
 
 async def run_one(bus: Bus, sqlenv: SqlEnv, key: str, tenant: str, sql: str) -> Outcome:
@@ -112,7 +74,7 @@ async def test_all_shipped_sql_validates_and_executes(
             return await run_one(bus, sqlenv, key, tenant, sql)
 
     # A generous busy wait: this test checks content, not the pool's "busy" answer.
-    async with services(nats_url, sqlenv, sql_busy_timeout=10, **PRODUCTION_GATE):
+    async with sql_services(nats_url, sqlenv, sql_busy_timeout=10, **PRODUCTION_GATE):
         outcomes = await asyncio.gather(*(bounded(*w) for w in work))
 
     failures = [f"{o.key}: {o.failure}" for o in outcomes if o.failure]

@@ -4,27 +4,19 @@ refusals, kills and busy answers, and the audit trail they leave in AUDIT."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from services.executor.service import run_executor
-from services.executor.settings import ExecutorSettings
 from services.validator import service as validator_service
-from services.validator.service import run_validator
-from services.validator.settings import ValidatorSettings
 from switchyard import subjects
 from switchyard.bus import rpc
-from switchyard.bus.connection import Bus, connect
-from switchyard.bus.provision import provision
-from switchyard.bus.topology import Topology, TopologySettings, build_topology
+from switchyard.bus.connection import Bus
 from switchyard.codec import decode
 from switchyard.errors import SwitchyardError
 from switchyard.messages.sql import (
@@ -37,37 +29,10 @@ from switchyard.messages.sql import (
 from switchyard.sqlguard import rules
 from tests.conftest import REPO
 from tests.support.sqlenv import SqlEnv
+from tests.support.sqlservices import sql_services
 
 RUNAWAY = ("SELECT COUNT(*) FROM sessions a CROSS JOIN sessions b "
            "WHERE a.duration_s + b.duration_s > 100000")  # fmt: skip
-
-
-@pytest.fixture
-async def audit_stream(bus: Bus) -> None:
-    streams = tuple(s for s in build_topology(TopologySettings()).streams if s.name == "AUDIT")
-    await provision(bus.js, Topology(streams, (), ()))
-
-
-@contextlib.asynccontextmanager
-async def services(nats_url: str, sqlenv: SqlEnv, **executor: Any) -> AsyncIterator[None]:
-    vset = ValidatorSettings(
-        nats_url=nats_url, sql_signing_key=sqlenv.signing_key, sql_policy_dir=sqlenv.policy_dir
-    )
-    eset = sqlenv.settings(ExecutorSettings, nats_url=nats_url, **executor)
-    stop = asyncio.Event()
-    buses = [await connect(vset, "test-validator"), await connect(eset, "test-executor")]
-    tasks = [
-        asyncio.create_task(run_validator(buses[0], stop, vset)),
-        asyncio.create_task(run_executor(buses[1], stop, eset)),
-    ]
-    await asyncio.sleep(0.2)
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 30)
-        for b in buses:
-            await b.close()
 
 
 async def ask_validate(bus: Bus, sqlenv: SqlEnv, sql: str, tenant: str = "acme") -> ValidateReply:
@@ -109,7 +74,7 @@ async def audit_events(
 async def test_validate_then_execute_round_trip_with_audit_and_no_rows_in_it(
     bus: Bus, nats_url: str, sqlenv: SqlEnv, audit_stream: None
 ) -> None:
-    async with services(nats_url, sqlenv):
+    async with sql_services(nats_url, sqlenv):
         sql = "select nickname, level from players order by player_id limit 5"
         validated = await ask_validate(bus, sqlenv, sql)
         assert validated.ok and validated.signature and validated.limit_action is None
@@ -137,7 +102,7 @@ async def test_validate_then_execute_round_trip_with_audit_and_no_rows_in_it(
 async def test_refusals_are_answered_and_audited(
     bus: Bus, nats_url: str, sqlenv: SqlEnv, audit_stream: None
 ) -> None:
-    async with services(nats_url, sqlenv):
+    async with sql_services(nats_url, sqlenv):
         refused = await ask_validate(bus, sqlenv, f"SELECT * FROM {sqlenv.schema('nova')}.players")
         assert not refused.ok and refused.rule == rules.TABLE_NOT_ALLOWED
         assert refused.signature is None and refused.error and refused.error.code == "rejected_sql"
@@ -168,7 +133,7 @@ async def test_refusals_are_answered_and_audited(
 async def test_runaway_killed_and_audited_busy_answered_over_nats(
     bus: Bus, nats_url: str, sqlenv: SqlEnv, audit_stream: None
 ) -> None:
-    async with services(nats_url, sqlenv, sql_explain_gate=False, sql_statement_timeout=1.0,
+    async with sql_services(nats_url, sqlenv, sql_explain_gate=False, sql_statement_timeout=1.0,
                         sql_pool_size=1, sql_busy_timeout=0.05):  # fmt: skip
         req = execute_request(await ask_validate(bus, sqlenv, RUNAWAY), sqlenv)
         started = time.monotonic()
@@ -189,7 +154,7 @@ async def test_runaway_killed_and_audited_busy_answered_over_nats(
 async def test_explain_subject_returns_the_plan(
     bus: Bus, nats_url: str, sqlenv: SqlEnv, audit_stream: None
 ) -> None:
-    async with services(nats_url, sqlenv):
+    async with sql_services(nats_url, sqlenv):
         req = execute_request(
             await ask_validate(bus, sqlenv, "SELECT COUNT(*) FROM sessions WHERE duration_s > 9"),
             sqlenv,
@@ -206,7 +171,7 @@ async def test_validator_fails_closed_without_an_audit_trail(
         raise TimeoutError("AUDIT did not acknowledge")
 
     monkeypatch.setattr(validator_service, "publish_audit", broken)
-    async with services(nats_url, sqlenv):
+    async with sql_services(nats_url, sqlenv):
         with pytest.raises(SwitchyardError) as info:
             await ask_validate(bus, sqlenv, "SELECT 1")
     assert info.value.code == "internal" and "audit" in info.value.reason

@@ -10,18 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.executor.service import run_executor
-from services.executor.settings import ExecutorSettings
 from services.sqlflow.service import run_sqlflow
 from services.sqlflow.settings import SqlflowSettings
-from services.validator.service import run_validator
-from services.validator.settings import ValidatorSettings
 from switchyard.bus.connection import Bus, connect
 from switchyard.text2sql.embedding import shared_embedder
 from switchyard.text2sql.index import KnowledgeIndex
 from tests.conftest import REPO
 from tests.support.fleet import provision_pool, router_in_process, worker_in_process
 from tests.support.sqlenv import SqlEnv
+from tests.support.sqlservices import sql_services
 
 KNOWLEDGE = REPO / "deploy" / "knowledge"
 
@@ -30,31 +27,6 @@ KNOWLEDGE = REPO / "deploy" / "knowledge"
 class Flow:
     settings: SqlflowSettings
     index: KnowledgeIndex
-
-
-@contextlib.asynccontextmanager
-async def sql_walls(nats_url: str, sqlenv: SqlEnv, **executor: Any) -> AsyncIterator[None]:
-    """The validator and executor services, in process."""
-    vset = ValidatorSettings(
-        nats_url=nats_url, sql_signing_key=sqlenv.signing_key, sql_policy_dir=sqlenv.policy_dir
-    )
-    executor = {"sql_explain_max_rows": 50_000, "sql_explain_large_table_rows": 20_000,
-                **executor}  # fmt: skip
-    eset = sqlenv.settings(ExecutorSettings, nats_url=nats_url, **executor)
-    stop = asyncio.Event()
-    buses = [await connect(vset, "test-validator"), await connect(eset, "test-executor")]
-    tasks = [
-        asyncio.create_task(run_validator(buses[0], stop, vset)),
-        asyncio.create_task(run_executor(buses[1], stop, eset)),
-    ]
-    await asyncio.sleep(0.2)
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 30)
-        for b in buses:
-            await b.close()
 
 
 @contextlib.asynccontextmanager
@@ -87,7 +59,10 @@ async def text2sql_fleet(
     pool = f"q{unique}"
     await provision_pool(bus.js, pool)
     async with (
-        sql_walls(nats_url, sqlenv, **(executor or {})),
+        # the production EXPLAIN-gate thresholds (sqlenv's defaults are test-size)
+        sql_services(nats_url, sqlenv, **{"sql_explain_max_rows": 50_000,
+                                          "sql_explain_large_table_rows": 20_000,
+                                          **(executor or {})}),
         router_in_process(nats_url, partitions=4, pools=[pool], rebalance_interval=0.2),
         worker_in_process(nats_url, pool=pool, engine="llamacpp", assignment="kv",
                           worker_id=f"{pool}-w0", heartbeat_interval=0.3),

@@ -64,10 +64,7 @@ async def evaluate(
 ) -> tuple[EvalReport, list[str]]:
     """Answer every item; returns the report and the verified ids the guard removed."""
     policies = PolicyStore(policy_dir)
-    policy = policies.get(tenant)
-    if policy is None or not policy.database:
-        raise SwitchyardError(f"no SQL policy for tenant {tenant!r}", code="unknown_tenant")
-    database = policy.database
+    database = _database(policies, tenant)
     guard = GuardClient(bus)
     with tempfile.TemporaryDirectory(prefix="sy-eval-") as tmp:
         removed = guarded_copy(knowledge_dir, tenant, items, Path(tmp) / "knowledge")
@@ -126,10 +123,7 @@ async def probe_semantic_cache(
     cached SQL and comparing with the asked item's gold results: a false hit is a
     reused answer that is wrong for the question asked.
     """
-    policy = PolicyStore(policy_dir).get(tenant)
-    if policy is None or not policy.database:
-        raise SwitchyardError(f"no SQL policy for tenant {tenant!r}", code="unknown_tenant")
-    run_sql = _gold_runner(GuardClient(bus), tenant, policy.database)
+    run_sql = _gold_runner(GuardClient(bus), tenant, _database(PolicyStore(policy_dir), tenant))
     memo: dict[str, ResultSet] = {}
 
     async def result(sql: str) -> ResultSet:
@@ -160,6 +154,14 @@ async def probe_semantic_cache(
     finally:
         index.close()
     return probe
+
+
+def _database(policies: PolicyStore, tenant: str) -> str:
+    """The schema the tenant's SQL runs in, or `unknown_tenant` when it has no policy."""
+    policy = policies.get(tenant)
+    if policy is None or not policy.database:
+        raise SwitchyardError(f"no SQL policy for tenant {tenant!r}", code="unknown_tenant")
+    return policy.database
 
 
 def _gold_runner(
