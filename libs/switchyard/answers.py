@@ -22,8 +22,24 @@ from switchyard.messages.inference import (
     GenerateRequest,
     GenerateResult,
     ResultStatus,
+    Route,
     Timings,
 )
+
+
+def route_of(
+    req: GenerateRequest,
+    finished_at: float,
+    started_at: float | None = None,
+    first_token_at: float | None = None,
+) -> Route:
+    """The request's path through the fleet, from the times each hop stamped on it."""
+    return Route(
+        pool=req.pool, partition=req.partition, routed_to=req.routed_to,
+        created_at=req.created_at, prepared_at=req.prepared_at, admitted_at=req.admitted_at,
+        dispatched_at=req.dispatched_at, started_at=started_at, first_token_at=first_token_at,
+        finished_at=finished_at,
+    )  # fmt: skip
 
 
 def result_for(
@@ -32,6 +48,7 @@ def result_for(
     now = time.time()
     since = req.admitted_at or req.created_at
     fields.setdefault("timings", Timings(queue=max(0.0, now - since), total=max(0.0, now - since)))
+    fields.setdefault("route", route_of(req, now))
     if status in ("cancelled", "expired", "stale"):
         fields.setdefault("finish_reason", "abort")
     return GenerateResult(

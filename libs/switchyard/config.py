@@ -70,6 +70,9 @@ class Settings(BaseSettings):
         if self.nats_user:
             opts["user"] = self.nats_user
             opts["password"] = self.nats_password.get_secret_value() if self.nats_password else None
+            # Per-user inboxes: compose/nats-auth.conf lets a user subscribe only to
+            # `_INBOX.<user>.>`, so no service can read the replies meant for another.
+            opts["inbox_prefix"] = f"_INBOX.{self.nats_user}"
         return opts
 
 

@@ -13,6 +13,7 @@ from typing import Annotated, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from switchyard.ids import new_id
+from switchyard.tracing import new_traceparent
 
 ENVELOPE_VERSION = 1
 
@@ -61,7 +62,8 @@ class Envelope(Model):
     session: SessionId | None = None
     frame_ts: UnixTime | None = None
     reply: Subject | None = None
-    trace: Traceparent | None = None
+    # W3C traceparent; a message made without one starts a trace of its own.
+    trace: Traceparent | None = Field(default_factory=new_traceparent)
 
     def expired(self, now: float | None = None) -> bool:
         return self.deadline is not None and (time.time() if now is None else now) > self.deadline

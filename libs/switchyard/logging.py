@@ -14,6 +14,8 @@ from typing import Any
 
 import structlog
 
+from switchyard.tracing import trace_id
+
 _configured = False
 
 
@@ -50,9 +52,8 @@ def bind_request(
     request_id: str | None, tenant: str | None = None, trace: str | None = None
 ) -> Iterator[None]:
     """Scope log fields to one request; restores the previous values on exit."""
-    trace_id = trace.split("-")[1] if trace and trace.count("-") == 3 else trace
     tokens = structlog.contextvars.bind_contextvars(
-        request_id=request_id, tenant=tenant, trace_id=trace_id
+        request_id=request_id, tenant=tenant, trace_id=trace_id(trace)
     )
     try:
         yield

@@ -114,7 +114,8 @@ async def run_auditor(
     loop = PullLoop(
         bus.js, settings.audit_stream, settings.audit_durable, handle,
         retry=RetryPolicy(settings.audit_max_deliver), ack_wait=settings.audit_ack_wait,
-        max_inflight=settings.audit_batch, drain_timeout=settings.drain_timeout,
+        max_inflight=settings.audit_batch * settings.audit_inflight_batches,
+        drain_timeout=settings.drain_timeout,
     )  # fmt: skip
     runner = asyncio.create_task(loop.run())
     log.info(

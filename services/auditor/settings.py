@@ -14,8 +14,12 @@ class AuditorSettings(DatabaseSettings):
     service_name: ClassVar[str] = "auditor"
     audit_stream: str = "AUDIT"
     audit_durable: str = "auditor"
-    # Up to this many events are fetched and inserted in one transaction.
-    audit_batch: int = Field(default=200, ge=1, le=1000)  # <= the consumer's max_ack_pending
+    # Up to this many events are inserted in one transaction.
+    audit_batch: int = Field(default=200, ge=1, le=1000)
+    # Events held in flight = this many batches (keep the product <= the consumer's
+    # max_ack_pending, 1000): with 2 the next batch is fetched and decoded while one is
+    # written: 1.5-1.8x the events/s of 1 on a loaded 2-core box (tests.support.auditor_ab).
+    audit_inflight_batches: int = Field(default=2, ge=1, le=4)
     # How long a partial batch waits for more events before it is written.
     audit_linger: float = Field(default=0.05, ge=0, le=5)
     audit_ack_wait: float = Field(default=30.0, gt=0)  # the consumer's, see bus.topology

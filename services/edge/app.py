@@ -33,6 +33,7 @@ from services.edge.agent import (
     response_of,
 )
 from services.edge.auth import KeyRing, Principal
+from services.edge.console import mount_console
 from services.edge.errors import ApiError
 from services.edge.idempotency import Claim, Idempotency, fingerprint
 from services.edge.middleware import EdgeMiddleware
@@ -147,6 +148,7 @@ def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.keys = keys
+    mount_console(app, settings, lambda: state["bus"])
     app.add_middleware(
         EdgeMiddleware,
         max_body_bytes=settings.max_body_bytes,
@@ -155,6 +157,9 @@ def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
 
     def request_id(request: Request) -> str | None:
         return getattr(request.state, "request_id", None)
+
+    def trace(request: Request) -> str | None:
+        return getattr(request.state, "traceparent", None)
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -224,7 +229,7 @@ def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
                 messages=body.chat_messages(settings.max_message_chars),
                 sampling=body.sampling(settings.default_max_tokens, settings.max_tokens_cap),
                 constraint=body.constraint(), stream=bool(body.stream),
-                deadline=time.time() + settings.request_timeout,
+                deadline=time.time() + settings.request_timeout, trace=trace(request),
             )  # fmt: skip
         except ValueError as exc:
             raise ApiError(422, str(exc).splitlines()[0] if str(exc) else "invalid") from None
@@ -245,7 +250,7 @@ def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
                 result = await collect(reply, request)
                 if key and mine:
                     await idem.finish(who.tenant, key, mine, result)
-                metrics.TOKENS.labels(who.tenant).inc(result.usage.completion_tokens)
+                metrics.completion_tokens(who.tenant, result.usage.completion_tokens)
                 return JSONResponse(completion(rid, body.model, result).model_dump())
             first = await reply.next(settings.first_frame_grace)
             if first is not None and first.type != "delta":
@@ -299,7 +304,7 @@ def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
             stale_after=f.stale_after, goal=f.goal, history=f.history, options=f.options,
             frames=[RawFrame(data=data, mime=mime[:100] or "application/octet-stream")
                     for data, mime in step_in.frames],
-            deadline=time.time() + settings.agent_timeout,
+            deadline=time.time() + settings.agent_timeout, trace=trace(request),
         )  # fmt: skip
 
         idem: Idempotency = state["idem"]
@@ -332,7 +337,7 @@ def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
         finally:
             with anyio.CancelScope(shield=True):
                 await reply.close()
-        metrics.TOKENS.labels(who.tenant).inc(result.usage.completion_tokens)
+        metrics.completion_tokens(who.tenant, result.usage.completion_tokens)
         return JSONResponse(out.model_dump(mode="json"))
 
     @app.post(
@@ -356,7 +361,10 @@ def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
         # The orchestrator answers `expired` to a question it reads after its deadline:
         # after `sql_timeout` of silence the edge has stopped listening, so starting
         # the question then would be work for nobody.
-        ask = body.ask(who.tenant, request_id(request) or "", time.time() + settings.sql_timeout)
+        ask = body.ask(
+            who.tenant, request_id(request) or "", time.time() + settings.sql_timeout,
+            trace(request),
+        )  # fmt: skip
         reply = SqlReply(state["bus"], ask, idle_timeout=settings.sql_timeout)
         if not body.stream:
             try:
@@ -468,7 +476,7 @@ def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
                     result = frame.result
                     if key and claim:
                         await state["idem"].finish(who.tenant, key, claim, result)
-                    metrics.TOKENS.labels(who.tenant).inc(result.usage.completion_tokens)
+                    metrics.completion_tokens(who.tenant, result.usage.completion_tokens)
                     yield chunk(Delta(), finish_reason(result))
                     if include_usage:
                         yield chunk(Delta(), usage=usage_of(result))

@@ -1,6 +1,7 @@
 """Bearer API keys, stored only as SHA-256 hashes, mapped to a tenant and its grants.
 
-The key file is YAML: `keys: {<sha256 hex>: {tenant: acme, models: [...], pools: [...]}}`.
+The key file is YAML: `keys: {<sha256 hex>: {tenant: acme, models: [...], pools: [...]}}`
+(plus `operator: true` for a key that may watch every tenant).
 `models`/`pools` absent means every model/pool the edge serves. The tenant comes
 from here and nowhere else: a body never chooses its tenant.
 """
@@ -24,6 +25,9 @@ class Principal(BaseModel):
     tenant: TenantId
     models: list[str] | None = None
     pools: list[str] | None = None
+    # An operator's key also sees every tenant's usage on the console's fleet page;
+    # it still asks questions as its own tenant only.
+    operator: bool = False
 
     def may_use_model(self, model: str) -> bool:
         return self.models is None or model in self.models

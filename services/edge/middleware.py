@@ -1,4 +1,7 @@
-"""Pure-ASGI middleware: a request id for every request, the body-size cap, and metrics.
+"""Pure-ASGI middleware: a request id and a trace for every request, the body cap, metrics.
+
+The trace is the client's W3C `traceparent` when it sent a valid one, else a new one;
+it is echoed in the response so a client can find its request with `sy trace`.
 
 Pure ASGI (not BaseHTTPMiddleware) so streaming responses are not buffered and
 a client disconnect still reaches the endpoint.
@@ -15,6 +18,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.edge import metrics
 from services.edge.errors import ApiError
 from switchyard.ids import new_id
+from switchyard.logging import bind_request
+from switchyard.tracing import accept
 
 ROUTES = frozenset(
     {
@@ -42,7 +47,8 @@ class EdgeMiddleware:
             await self.app(scope, receive, send)
             return
         request_id = new_id()
-        scope.setdefault("state", {})["request_id"] = request_id
+        traceparent = accept(_header(scope, b"traceparent"))
+        scope.setdefault("state", {}).update(request_id=request_id, traceparent=traceparent)
         started, status = time.perf_counter(), 500
         path = scope.get("path", "")
         route = path if path in ROUTES else "other"  # bounded label cardinality
@@ -73,16 +79,25 @@ class EdgeMiddleware:
                 headers = list(message.get("headers", []))
                 if not any(k.lower() == b"x-request-id" for k, _ in headers):
                     headers.append((b"x-request-id", request_id.encode()))
+                    headers.append((b"traceparent", traceparent.encode()))
                 message["headers"] = headers
                 metrics.LATENCY.labels(route).observe(time.perf_counter() - started)
             await send(message)
 
         metrics.INFLIGHT.inc()
         try:
-            await self.app(scope, capped_receive, send_with_id)
+            with bind_request(request_id, None, traceparent):  # on every log line of it
+                await self.app(scope, capped_receive, send_with_id)
         finally:
             metrics.INFLIGHT.dec()
             metrics.REQUESTS.labels(route, str(status)).inc()
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
 
 
 async def _send_error(send: Send, err: ApiError, request_id: str) -> None:

@@ -71,10 +71,12 @@ class SqlAskBody(BaseModel):
     no_cache: bool = Field(default=False, description="skip the answer and result caches")
     stream: bool = Field(default=False, description="stage events as SSE, then the answer")
 
-    def ask(self, tenant: str, request_id: str, deadline: float) -> SqlAsk:
+    def ask(
+        self, tenant: str, request_id: str, deadline: float, trace: str | None = None
+    ) -> SqlAsk:
         return SqlAsk(
             id=request_id, tenant=tenant, question=self.question, fix_sql=self.sql,
-            max_rows=self.max_rows, no_cache=self.no_cache, deadline=deadline,
+            max_rows=self.max_rows, no_cache=self.no_cache, deadline=deadline, trace=trace,
         )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Executor metrics. Tenants and rule ids are bounded sets (policy files, rules module)."""
+"""Executor metrics. Rule ids and kill reasons are bounded sets (rules module, limits)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,19 @@ from prometheus_client import Counter, Gauge, Histogram
 from switchyard.metrics import LATENCY_BUCKETS
 
 DECISIONS = Counter(
-    "sy_sql_execute_total", "Execute/explain decisions", ["event", "verdict", "rule"]
+    "sy_sql_executions_total",
+    "Execute/explain decisions, by event, verdict and rule",
+    ["event", "verdict", "rule"],
 )
-DURATION = Histogram("sy_sql_execute_seconds", "Time to decide and run one request", ["event"],
-                     buckets=LATENCY_BUCKETS)  # fmt: skip
-KILLS = Counter("sy_sql_killed_total", "Statements stopped by a limit", ["reason"])
-INFLIGHT = Gauge("sy_sql_execute_inflight", "Requests being handled")
-AUDIT_FAILURES = Counter("sy_sql_execute_audit_failures_total", "Audit events not stored")
+DURATION = Histogram(
+    "sy_sql_execute_duration_seconds", "Time to decide and run one request", ["event"],
+    buckets=LATENCY_BUCKETS,
+)  # fmt: skip
+KILLS = Counter(
+    "sy_sql_killed_statements_total", "Statements stopped by a limit (timeout, watchdog KILL)",
+    ["reason"],
+)  # fmt: skip
+INFLIGHT = Gauge("sy_sql_execute_requests_in_flight", "Execute/explain requests being handled")
+AUDIT_FAILURES = Counter(
+    "sy_sql_execute_audit_failures_total", "Executor audit events that could not be published"
+)

@@ -76,7 +76,7 @@ def to_generate(
         id=step.id, tenant=step.tenant, created_at=step.created_at, deadline=step.deadline,
         priority=step.priority, session=step.session, frame_ts=step.frame_ts,
         reply=step.reply, trace=step.trace, workload="agent", pool=settings.agent_pool,
-        messages=messages, images=images,
+        messages=messages, images=images, prepared_at=time.time(),
         sampling=Sampling(max_tokens=min(opts.max_tokens, settings.agent_max_tokens)),
         constraint=JsonSchemaConstraint(
             json_schema=answer_schema(opts.chunk, opts.thought and settings.allow_thought)

@@ -6,6 +6,8 @@ router's admission (`switchyard.token_estimate`).
 
 from __future__ import annotations
 
+import time
+
 from switchyard import subjects
 from switchyard.messages.inference import ChatRequest, GenerateRequest
 from switchyard.token_estimate import estimate_tokens
@@ -22,6 +24,7 @@ def to_generate(chat: ChatRequest, pool: str) -> GenerateRequest:
         session=chat.session,
         reply=chat.reply,
         trace=chat.trace,
+        prepared_at=time.time(),
         workload="llm",
         pool=pool,
         model=chat.model,

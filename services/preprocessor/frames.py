@@ -14,16 +14,15 @@ import multiprocessing
 from collections import OrderedDict
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 
-from prometheus_client import Counter, Histogram
-
 from services.preprocessor.images import FrameLimits, FrameRejected, PreparedFrame, prepare_frame
-
-DECODE_S = Histogram("sy_preprocessor_frame_decode_seconds", "Frame decode time")
-RESIZE_S = Histogram("sy_preprocessor_frame_resize_seconds", "Resize, hash and re-encode time")
-BYTES_IN = Counter("sy_preprocessor_frame_bytes_in_total", "Raw frame bytes decoded")
-BYTES_OUT = Counter("sy_preprocessor_frame_bytes_out_total", "Re-encoded frame bytes")
-REJECTED = Counter("sy_preprocessor_frames_rejected_total", "Frames refused", ["code"])
-CACHE_HITS = Counter("sy_preprocessor_frame_cache_hits_total", "Frames served from the cache")
+from services.preprocessor.metrics import (
+    BYTES_IN,
+    BYTES_OUT,
+    CACHE_HITS,
+    DECODE_S,
+    REJECTED,
+    RESIZE_S,
+)
 
 
 class FramePreparer:

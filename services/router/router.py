@@ -80,7 +80,8 @@ class Router:
         self.load: dict[tuple[str, int], tuple[float, float]] = {}  # EWMA tokens/s, updated at
         self.warm: dict[str, float] = {}  # session -> last dispatch
         self.cancelled: dict[str, float] = {}
-        self.labels = metrics.TenantLabels(settings.top_tenants)
+        self.labels = metrics.tenant_labels(settings.top_tenants)
+        self.queue_gauges = metrics.QueueGauges(self.labels)
         self.wake = asyncio.Event()
 
     # -- life cycle ---------------------------------------------------------------------
@@ -181,7 +182,6 @@ class Router:
                     payload=Queued(admitted, msg, now),
                 )
             )  # fmt: skip
-            metrics.QUEUE_DEPTH.labels(label).set(self.queue.depth(req.tenant))
             self.wake.set()
 
     async def _refuse(
@@ -247,7 +247,7 @@ class Router:
     async def _dispatch(self, item: Item[Queued], worker: str) -> bool:
         req, msg = item.payload.req, item.payload.msg
         now = time.time()
-        label = self.labels(req.tenant)
+        label = self.labels.peek(req.tenant)  # its traffic was counted at admission
         with bind_request(req.id, req.tenant, req.trace):
             age = req.frame_age(now)
             if req.stale_after is not None and age is not None and age > req.stale_after:
@@ -261,26 +261,30 @@ class Router:
                 return True
             try:
                 # The worker reports admission -> dispatch as the router's queueing time.
-                sent = req.model_copy(update={"dispatched_at": now})
+                sent = req.model_copy(
+                    update={"dispatched_at": now, "partition": item.partition, "routed_to": worker}
+                )
+                # Registered before the publish: a fast engine can answer, and `_on_result`
+                # run, while the publish and the ack are still awaited; a result for a request
+                # not yet registered was dropped and its credit and concurrency held forever.
+                self.outstanding[req.id] = Outstanding(
+                    req.pool, item.partition, req.tenant, req.sampling.max_tokens, now
+                )
                 await publish(
                     self.bus.js, subjects.work(req.pool, item.partition), sent, msg_id=req.id
                 )
                 await msg.ack()
             except Exception as exc:
+                self.outstanding.pop(req.id, None)
                 log.warning("router.dispatch_failed", error=repr(exc))
                 self.queue.requeue(item)  # try again next round, at the head
                 return False
             self.admission.dispatched(req.id)
-            self.outstanding[req.id] = Outstanding(
-                req.pool, item.partition, req.tenant, req.sampling.max_tokens, now
-            )
             if req.session:
                 self.warm[req.session] = now
             self._add_load(req.pool, item.partition, req.prompt_tokens + req.sampling.max_tokens)
             metrics.QUEUE_WAIT.labels(label).observe(now - item.enqueued_at)
             metrics.TIME_IN_ROUTER.observe(now - item.payload.received)
-            metrics.QUEUE_DEPTH.labels(label).set(self.queue.depth(req.tenant))
-            metrics.VTC.labels(label).set(self.queue.counters.get(req.tenant, 0.0))
             metrics.PLACEMENT.labels("keep").inc()
             log.debug("router.dispatched", worker=worker, partition=item.partition)
         return True
@@ -288,6 +292,8 @@ class Router:
     async def _sweep(self) -> None:
         """Answer queued requests that went stale, expired or waited too long."""
         now = time.time()
+        q = self.queue
+        self.queue_gauges.record(q.tenants(), q.depth, lambda t: q.counters.get(t, 0.0))
         for item in self.queue.items():
             req, msg = item.payload.req, item.payload.msg
             age = req.frame_age(now)

@@ -6,6 +6,7 @@ import asyncio
 
 from services.router.router import Router
 from services.router.settings import RouterSettings
+from services.router.status import publish_status
 from switchyard.bus.connection import Bus
 from switchyard.logging import get_logger
 from switchyard.scheduling.policy import Policies, TenantPolicy
@@ -21,4 +22,10 @@ def load_policies(settings: RouterSettings) -> Policies:
 
 
 async def run_router(bus: Bus, stop: asyncio.Event, settings: RouterSettings) -> None:
-    await Router(bus, settings, load_policies(settings)).run(stop)
+    router = Router(bus, settings, load_policies(settings))
+    # Per-tenant usage for the edge's console (KV `fleet_tenants`), beside the routing.
+    status = asyncio.create_task(publish_status(router, stop))
+    try:
+        await router.run(stop)
+    finally:
+        status.cancel()

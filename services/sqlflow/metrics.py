@@ -6,9 +6,14 @@ from prometheus_client import Counter, Histogram
 
 from switchyard.metrics import LATENCY_BUCKETS
 
-ANSWERS = Counter("sy_sqlflow_answers_total", "Questions answered, by path and status",
-                  ["path", "status"])  # fmt: skip
-STAGE_SECONDS = Histogram("sy_sqlflow_stage_seconds", "Time spent in each pipeline stage",
-                          ["stage"], buckets=LATENCY_BUCKETS)  # fmt: skip
-ANSWER_SECONDS = Histogram("sy_sqlflow_answer_seconds", "Question to answer, by path",
-                           ["path"], buckets=LATENCY_BUCKETS)  # fmt: skip
+ANSWERS = Counter(
+    "sy_sqlflow_answers_total", "Questions answered, by path and status", ["path", "status"]
+)
+STAGE_SECONDS = Histogram(
+    "sy_sqlflow_stage_duration_seconds", "Time spent in each pipeline stage", ["stage"],
+    buckets=LATENCY_BUCKETS,
+)  # fmt: skip
+ANSWER_SECONDS = Histogram(
+    "sy_sqlflow_answer_duration_seconds", "Question to answer, by path", ["path"],
+    buckets=LATENCY_BUCKETS,
+)  # fmt: skip

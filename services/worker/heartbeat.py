@@ -28,13 +28,7 @@ def snapshot(
     settings: WorkerSettings, engine: Engine, partitions: list[int], queued: int, draining: bool
 ) -> WorkerHeartbeat:
     stats = engine.stats()
-    for gauge, value in (
-        (metrics.KV_USAGE, stats.kv_cache_usage),
-        (metrics.RUNNING, stats.running),
-        (metrics.WAITING, stats.waiting),
-        (metrics.PREFIX_HIT, stats.prefix_hit_rate),
-    ):
-        gauge.labels(engine.kind).set(value)
+    metrics.observe_engine(settings.worker_id, settings.pool, engine.kind, stats)
     return WorkerHeartbeat(
         worker=settings.worker_id,
         pool=settings.pool,

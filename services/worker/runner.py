@@ -18,7 +18,7 @@ from nats.js import JetStreamContext
 
 from services.worker import metrics
 from switchyard.agentprompt import Geometry, answer_to_original
-from switchyard.answers import answer, result_for
+from switchyard.answers import answer, result_for, route_of
 from switchyard.bus.tokenstream import TokenStreamWriter
 from switchyard.engines.base import Engine, EngineRequest
 from switchyard.engines.sim import SimEngine
@@ -45,6 +45,8 @@ class Outcome:
     usage: Usage = field(default_factory=Usage)
     timings: Timings = field(default_factory=Timings)
     error: ErrorInfo | None = None
+    started_at: float | None = None
+    first_token_at: float | None = None
 
 
 class Runner:
@@ -77,6 +79,7 @@ class Runner:
                 usage=outcome.usage,
                 timings=outcome.timings,
                 worker=self.worker_id,
+                route=route_of(req, time.time(), outcome.started_at, outcome.first_token_at),
             )
             metrics.RESULTS.labels(outcome.status).inc()
             if not await answer(self.nc, self.js, req, result, writer):
@@ -150,20 +153,22 @@ class Runner:
             metrics.TTFT.labels(self.engine.kind).observe(timings.ttft)
         if timings.tpot is not None:
             metrics.TPOT.labels(self.engine.kind).observe(timings.tpot)
-        metrics.TOKENS_IN.labels(req.tenant).inc(usage.prompt_tokens)
-        metrics.TOKENS_OUT.labels(req.tenant).inc(usage.completion_tokens)
+        tenant = metrics.TENANTS(req.tenant)
+        metrics.TOKENS_IN.labels(tenant).inc(usage.prompt_tokens)
+        metrics.TOKENS_OUT.labels(tenant).inc(usage.completion_tokens)
         if finish == "abort":
             reason = "cancelled" if req.id in self.cancelled else "aborted"
             return Outcome(
                 "cancelled" if reason == "cancelled" else "expired",
                 "".join(text), finish, usage, timings,
                 ErrorInfo(code="cancelled" if reason == "cancelled" else "expired", reason=reason),
+                started, first,
             )  # fmt: skip
         answer_text = "".join(text)
         if req.frame_geometry is not None:
             # The model saw the resized frame; the phone acts on its own pixels.
             answer_text = answer_to_original(answer_text, Geometry.of(req.frame_geometry))
-        return Outcome("ok", answer_text, finish, usage, timings)
+        return Outcome("ok", answer_text, finish, usage, timings, None, started, first)
 
     def _modelled(self, request_id: str) -> ModelledTimings | None:
         """The sim engine's modelled cost of a finished request (other engines have none)."""

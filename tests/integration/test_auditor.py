@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import pymysql
 import pytest
@@ -20,7 +17,6 @@ from typer.testing import CliRunner
 
 from services.auditor.redact import MASK
 from services.auditor.service import run_auditor
-from services.auditor.settings import AuditorSettings
 from switchyard.bus.connection import Bus
 from switchyard.bus.provision import ensure_consumer, ensure_stream
 from switchyard.bus.publish import MSG_ID
@@ -29,58 +25,24 @@ from switchyard.cli.app import app
 from switchyard.codec import encode
 from switchyard.messages.sql import AuditEvent
 from switchyard.sqldb import auditchain
-from switchyard.sqldb.admin import connect_admin, dsn_params
-from switchyard.sqldb.naming import Naming
-from switchyard.sqldb.provision import drop_service_accounts, provision_auditor
+from switchyard.sqldb.admin import dsn_params
+from switchyard.sqldb.provision import provision_auditor
+from tests.support.auditenv import AuditEnv, audit_env
 
 TENANTS = ("acme", "nova", "orbit")
 PER_TENANT = 40
 
 
-@dataclass
-class AuditEnv:
-    dsn: str
-    db: str
-    prefix: str
-    naming: Naming
-    stream: str
-    subject_prefix: str
-    settings: AuditorSettings
-
-    def admin(self) -> Any:
-        return connect_admin(self.dsn)
-
-    def scalar(self, sql: str, *args: Any) -> Any:
-        conn = self.admin()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql, args)
-                row = cur.fetchone()
-                return row[0] if row else None
-        finally:
-            conn.close()
-
-
 @pytest.fixture
 def audit_db(mysql_dsn: str, unique: str, nats_url: str) -> Iterator[AuditEnv]:
-    prefix = f"au{unique}_"
-    naming = Naming(prefix, prefix + "t_", prefix, secrets.token_hex(16).encode())
-    db = f"{prefix}audit"
-    params = dsn_params(mysql_dsn)
-    settings = AuditorSettings(
-        nats_url=nats_url, mysql_host=params["host"], mysql_port=params["port"],
-        sql_db_secret=naming.secret.decode(), sql_account_prefix=prefix, sql_audit_db=db,
-        audit_stream=f"AUDIT_{unique}", audit_durable="auditor", audit_batch=25,
-        audit_linger=0.02, drain_timeout=5,
-    )  # fmt: skip
-    conn = connect_admin(mysql_dsn)
-    try:
-        provision_auditor(conn, naming, host="%", audit_db=db)
-        provision_auditor(conn, naming, host="%", audit_db=db)  # idempotent
-        yield AuditEnv(mysql_dsn, db, prefix, naming, f"AUDIT_{unique}", f"au{unique}", settings)
-    finally:
-        drop_service_accounts(conn, naming, host="%", audit_db=db)
-        conn.close()
+    with audit_env(mysql_dsn, unique, nats_url, audit_batch=25, audit_linger=0.02) as env:
+        # provisioning twice changes nothing
+        conn = env.admin()
+        try:
+            provision_auditor(conn, env.naming, host="%", audit_db=env.db)
+        finally:
+            conn.close()
+        yield env
 
 
 @pytest.fixture
@@ -187,8 +149,21 @@ async def test_auditor_stores_once_chains_redacts_and_detects_tampering(
     aud = pymysql.connect(host=params["host"], port=params["port"], user=user,
                           password=env.naming.password(user), connect_timeout=5)  # fmt: skip
     try:
-        with aud.cursor() as cur, pytest.raises(pymysql.err.OperationalError):
-            cur.execute(f"SELECT COUNT(*) FROM `{env.db}`.sql_audit")
+        with aud.cursor() as cur:
+            for statement in (
+                f"SELECT COUNT(*) FROM `{env.db}`.sql_audit",
+                f"UPDATE `{env.db}`.sql_audit SET verdict = 'x'",
+                f"DELETE FROM `{env.db}`.sql_audit",
+                f"UPDATE `{env.db}`.sql_audit_head SET seq = 0",
+                f"DROP TRIGGER `{env.db}`.sql_audit_chain",
+            ):
+                with pytest.raises(pymysql.err.OperationalError, match="denied"):
+                    cur.execute(statement)
+            cur.execute("SHOW GRANTS")
+            grants = [str(r[0]) for r in cur.fetchall()]
+        granted = [g for g in grants if "USAGE" not in g]
+        assert len(granted) == 1 and granted[0].startswith("GRANT INSERT ON"), grants
+        assert "sql_audit" in granted[0]
     finally:
         aud.close()
 
@@ -226,6 +201,9 @@ async def test_auditor_stores_once_chains_redacts_and_detects_tampering(
     assert code == 0 and out.strip() == ""
     code, out = _cli("query", "--tenant", "acme", "--dsn", env.dsn, "--db", env.db)
     assert code == 0 and "executor" in out and f"{PER_TENANT + 1} event(s)" in out
+    # a cut output says so
+    code, out = _cli("query", "--tenant", "acme", "--limit", "5", "--dsn", env.dsn, "--db", env.db)
+    assert code == 0 and "5 event(s)" in out and "more than 5 events" in out, out
 
     # tampering as root is caught at the first broken link
     conn = env.admin()
@@ -252,3 +230,31 @@ async def test_auditor_stores_once_chains_redacts_and_detects_tampering(
         conn.close()
     report = _verify(env, "orbit")
     assert report.broken is not None and "head" in report.broken.reason
+
+    # an edited JSON column, and a row written around the trigger, are caught too
+    conn = env.admin()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT plan FROM `{env.db}`.sql_audit WHERE tenant = 'acme' AND seq = 3")
+            plan = json.loads(cur.fetchone()[0])
+            assert plan[0]["rows"] >= 0  # the EXPLAIN estimate is kept, it is no result row
+            cur.execute(
+                f"UPDATE `{env.db}`.sql_audit SET detail = '{{\"approved\": true}}' "
+                "WHERE tenant = 'acme' AND seq = 3"
+            )
+    finally:
+        conn.close()
+    report = _verify(env, "acme")
+    assert report.broken is not None and report.broken.seq == 3
+    assert "detail" in report.broken.reason
+    conn = env.admin()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO `{env.db}`.sql_audit (at, request_id, tenant, event, actor) "
+                "VALUES (NOW(6), 'forged', 'zen', 'execute', 'executor')"
+            )
+    finally:
+        conn.close()
+    code, out = _cli("verify", "--dsn", env.dsn, "--db", env.db, "--tenant", "zen")
+    assert code == 1 and "tenant zen (row id" in out and "outside the hash chain" in out, out

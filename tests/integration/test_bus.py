@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from nats.aio.msg import Msg
+from prometheus_client import REGISTRY
 
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import PullLoop, RetryPolicy
@@ -139,6 +140,10 @@ async def test_undecodable_payload_is_dead_lettered_at_once(bus: Bus, unique: st
     loop.stop()
     await task
     assert calls == 1 and letter.code == "malformed" and letter.deliveries == 1
+    counted = REGISTRY.get_sample_value(
+        "sy_bus_dead_letters_total", {"stream": stream, "code": "malformed"}
+    )
+    assert counted == 1  # the stream is this test's own, so the count starts at 0
 
 
 async def test_in_progress_keeps_a_long_job_from_redelivery(bus: Bus, unique: str) -> None:

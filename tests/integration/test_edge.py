@@ -181,7 +181,7 @@ async def test_health_ready_and_metrics(edge: str) -> None:
         assert (await http.get("/readyz", params={"pool": "nosuchpool"})).status_code == 503
         metrics = (await http.get("/metrics")).text
     assert 'sy_edge_requests_total{route="/v1/chat/completions",status="200"}' in metrics
-    assert "sy_edge_request_seconds_bucket" in metrics
+    assert "sy_edge_request_duration_seconds_bucket" in metrics
 
 
 async def test_idempotent_retry_returns_the_same_generation(edge: str) -> None:

@@ -31,9 +31,12 @@ def test_link_hash_matches_the_trigger_formula() -> None:
 
 
 def _row(seq: int, prev: str, record: dict[str, object]) -> dict[str, object]:
+    """The row as MariaDB hands it back: `at` a datetime, `plan`/`detail` JSON text."""
     body = canonical(record)
     ch = content_hash(body)
     row: dict[str, object] = {k: record.get(k) for k in record}
+    row["at"] = dt.datetime.fromisoformat(str(record["at"]))
+    row["plan"], row["detail"] = json.dumps(record["plan"]), json.dumps(record["detail"])
     row.update(
         seq=seq, prev_hash=prev, body=body, content_hash=ch,
         row_hash=link_hash(prev, seq, str(record["tenant"]), ch),
@@ -46,6 +49,8 @@ RECORD: dict[str, object] = {
     "event_id": "e1", "request_id": "r1", "tenant": "acme", "kind": "sql", "event": "execute",
     "actor": "executor", "verdict": "ok", "rule": None, "sql_text": "SELECT 1", "question": "q",
     "killed": False, "rows_scanned": None, "rows_returned": None,
+    "at": "2026-01-02T03:04:05.123456", "sql_hash": "ab" * 32, "trace": None,
+    "duration_ms": 12.345, "plan": [{"table": "dau", "rows": 10}], "detail": {"db": "ops"},
 }  # fmt: skip
 
 
@@ -61,6 +66,25 @@ def test_check_row_detects_each_kind_of_tampering() -> None:
     assert "row_hash" in (_check_row(resealed, GENESIS, 1) or "")
 
 
+@pytest.mark.parametrize(
+    ("column", "forged"),
+    [
+        ("at", dt.datetime(2026, 1, 2, 3, 4, 6)),
+        ("duration_ms", 0.5),
+        ("sql_hash", "cd" * 32),
+        ("trace", "00-forged-01"),
+        ("plan", '[{"table": "dau", "rows": 1}]'),
+        ("detail", '{"db": "pay"}'),
+        ("detail", "not json"),
+    ],
+)
+def test_check_row_covers_every_stored_column(column: str, forged: object) -> None:
+    good = _row(1, GENESIS, RECORD)
+    # JSON equality, not text equality: the server may re-space JSON it stores
+    assert _check_row({**good, "plan": '[{"rows":10,"table":"dau"}]'}, GENESIS, 1) is None
+    assert column in (_check_row({**good, column: forged}, GENESIS, 1) or "")
+
+
 def test_parse_since() -> None:
     now = dt.datetime(2026, 1, 2, 12, 0, tzinfo=dt.UTC)
     assert parse_since("1h", now) == dt.datetime(2026, 1, 2, 11, 0)
@@ -69,3 +93,16 @@ def test_parse_since() -> None:
     assert parse_since("2026-01-01T00:00:00", now) == dt.datetime(2026, 1, 1)
     with pytest.raises(typer.BadParameter):
         parse_since("yesterday", now)
+
+
+def test_query_refuses_a_malformed_tenant_before_connecting() -> None:
+    from typer.testing import CliRunner
+
+    from switchyard.cli.app import app
+
+    # the DSN points nowhere: the tenant must be refused before any connection
+    result = CliRunner().invoke(
+        app, ["audit", "query", "--tenant", "Acme; DROP", "--dsn", "mysql://root@127.0.0.1:1"]
+    )
+    assert result.exit_code == 2
+    assert "not a valid tenant id" in result.output

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.auditor.redact import MASK, redact, redact_text
+from services.auditor.redact import MASK, ROWS_OMITTED, redact, redact_text
 from services.auditor.store import kind_of, to_row
 from switchyard.messages.sql import AuditEvent
 
@@ -22,6 +22,15 @@ from switchyard.messages.sql import AuditEvent
         ('{"api_key": "abc123def456"}', "abc123def456"),
         ("token=tok_123456789", "tok_123456789"),
         ("CREATE USER x IDENTIFIED BY 'pw123'", "pw123"),
+        ("mysql://app:p@ss@db:3306/x", "p@ss"),
+        (
+            "token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NSJ9.c2lnbmF0dXJl pasted",
+            "eyJzdWIiOiIxMjM0NSJ9",
+        ),
+        ("my github token ghp_abcdefghijklmnopqrstuvwxyz0123", "ghp_abcdefghijklmnop"),
+        ("slack xoxb-1234567890-abcdefghij", "xoxb-1234567890"),
+        ("aws AKIAIOSFODNN7EXAMPLE key", "AKIAIOSFODNN7EXAMPLE"),
+        ("the edge key sk-local-acme works", "sk-local-acme"),
     ],
 )
 def test_secrets_are_redacted(text: str, secret: str) -> None:
@@ -50,7 +59,23 @@ def test_nested_values_and_secret_keys() -> None:
     assert out["password"] == MASK and out["dsn"] == MASK
     assert out["note"][1]["inner"] == f"Bearer {MASK}"
     assert out["count"] == 3
-    assert "rows" not in out
+    assert out["rows"] == ROWS_OMITTED
+
+
+def test_result_rows_are_omitted_but_plan_row_estimates_kept() -> None:
+    # An EXPLAIN plan's `rows` is an estimate worth auditing; result rows never are.
+    plan = [{"table": "dau", "type": "ref", "rows": 1234}, {"table": "pay", "rows": None}]
+    assert redact(plan) == plan
+    leaked = {"result": [{"player": "alice", "spend": 9}], "results": "alice,9", "rows": True}
+    assert redact(leaked) == {k: ROWS_OMITTED for k in leaked}
+    event = AuditEvent(
+        tenant="acme", request_id="r1", event="execute", actor="executor", verdict="ok",
+        plan=plan, detail={"rows": [[1, "alice"]], "rows_estimated": 1234},
+    )  # fmt: skip
+    row = to_row(event, "sql")
+    assert row.record["plan"] == plan
+    assert row.record["detail"] == {"rows": ROWS_OMITTED, "rows_estimated": 1234}
+    assert "alice" not in row.body
 
 
 def test_event_model_has_no_rows_and_row_is_redacted() -> None:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
@@ -27,10 +28,18 @@ from switchyard.codec import encode
 from switchyard.errors import DecodeError, ErrorCode, SwitchyardError
 from switchyard.logging import get_logger
 from switchyard.messages.deadletter import DeadLetter
+from switchyard.metrics import DEAD_LETTERS
 
 log = get_logger(__name__)
 
 Handler = Callable[[Msg], Awaitable[None]]
+# What a fetch raises while the server restarts: retried, never fatal to the loop.
+UNAVAILABLE = (
+    nats.js.errors.ServiceUnavailableError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+)
 # Called after a message is dead-lettered, so its requester can be told why.
 GiveUp = Callable[[Msg, ErrorCode, str], Awaitable[None]]
 
@@ -71,6 +80,7 @@ async def dead_letter(
         headers={MSG_ID: f"dlq-{meta.stream}-{meta.sequence.stream}"},
     )
     await msg.term()
+    DEAD_LETTERS.labels(meta.stream, code).inc()
     log.warning("bus.dead_letter", subject=msg.subject, code=code, reason=reason)
 
 
@@ -119,7 +129,9 @@ class PullLoop:
         sub = await self.js.pull_subscribe_bind(self.durable, stream=self.stream)
         try:
             while not self._stopping.is_set():
-                if self._free == 0:
+                # <= : a fetch can hand back more than asked (nats-py drains its whole
+                # queue, e.g. late answers to pulls made before a reconnect).
+                if self._free <= 0:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
@@ -129,6 +141,13 @@ class PullLoop:
                     continue
                 except nats.errors.ConnectionClosedError:
                     break
+                except UNAVAILABLE as exc:
+                    # The server is restarting or its JetStream is not up yet: nats-py
+                    # reconnects by itself, so pull again after a pause instead of dying.
+                    log.warning("bus.fetch_unavailable", consumer=self.durable, error=repr(exc))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), self.fetch_timeout)
+                    continue
                 for msg in msgs:
                     self._free -= 1
                     task = asyncio.create_task(self._handle(msg))

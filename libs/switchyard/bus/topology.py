@@ -165,5 +165,6 @@ def build_topology(s: TopologySettings) -> Topology:
         BucketSpec("fleet_workers", s.heartbeat_ttl, 1, "Worker heartbeats (expire with TTL)."),
         BucketSpec("fleet_assignments", 0, 1, "Partition -> worker, written with CAS."),
         BucketSpec("idempotency", s.idempotency_ttl, 1, "Idempotency-Key -> request id."),
+        BucketSpec("fleet_tenants", s.heartbeat_ttl, 1, "Per-tenant usage, from each router."),
     )
     return Topology(streams, tuple(consumers), buckets)

@@ -10,6 +10,10 @@ from switchyard.cli import (
     audit_commands,
     bench_commands,
     bus_commands,
+    forensics_commands,
+    metrics_commands,
+    plan_commands,
+    simserver_commands,
     sql_commands,
     up,
 )
@@ -26,7 +30,11 @@ bench_commands.register(app)
 agent_commands.register(app)
 sql_commands.register(app)
 audit_commands.register(app)
+forensics_commands.register(app)
+plan_commands.register(app)
 edge_cli.register(app)
+simserver_commands.register(app)
+metrics_commands.register(app)
 
 
 def main() -> None:

@@ -84,7 +84,8 @@ def verify(
         conn.close()
     if report.broken is not None:
         b = report.broken
-        where = f"tenant {b.tenant}, seq {b.seq}" + (f" (row id {b.row_id})" if b.row_id else "")
+        where = f"tenant {b.tenant}" + (f", seq {b.seq}" if b.seq is not None else "")
+        where += f" (row id {b.row_id})" if b.row_id else ""
         console.print(f"[red]BROKEN[/red] {where}: {b.reason}")
         console.print(f"{report.rows} row(s) verified before the break")
         raise typer.Exit(1)
@@ -117,16 +118,28 @@ def query(
 ) -> None:
     """A tenant's audit events since a time, as a table or JSON lines."""
     from switchyard.sqldb import auditchain
+    from switchyard.sqldb.naming import check_tenant
 
+    try:
+        check_tenant(tenant)  # a typo gets an error, not an empty answer
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tenant") from exc
     start = parse_since(since)
     conn, audit_db = _connect(dsn, db)
     try:
-        rows = auditchain.query(conn, audit_db, tenant=tenant, since=start, kind=kind, limit=limit)
+        # One more than asked, to say so when the output is cut rather than cut it silently.
+        rows = auditchain.query(
+            conn, audit_db, tenant=tenant, since=start, kind=kind, limit=limit + 1
+        )
     except Exception as exc:
         err.print(f"[red]cannot read {audit_db}:[/red] {exc}")
         raise typer.Exit(2) from exc
     finally:
         conn.close()
+    if len(rows) > limit:
+        rows = rows[:limit]
+        err.print(f"[yellow]more than {limit} events: showing the first {limit}[/yellow] "
+                  "(narrow --since or raise --limit)")  # fmt: skip
     if as_json:
         for row in rows:
             print(json.dumps(_jsonable(row), ensure_ascii=False, default=str))

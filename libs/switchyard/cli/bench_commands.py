@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from switchyard.cli import peers_commands
 
 console = Console()
 bench = typer.Typer(help="Benchmarks, measured side by side in one run (medians).")
@@ -153,8 +156,159 @@ def sql_exec_cmd(
     )
 
 
+@bench.command("load")
+def load_cmd(
+    target: str = typer.Option("nats", help="nats (publish on *.in.<tenant>) or edge (HTTP)"),
+    workload: str = typer.Option("chat", help="chat, agent, sql or mixed"),
+    arrival: str = typer.Option("poisson", help="poisson, constant, bursty or closed"),
+    rate: float | None = typer.Option(None, min=0.001, help="req/s of a single open-loop run"),
+    concurrency: int | None = typer.Option(None, min=1, help="users of a single closed run"),
+    sweep: str | None = typer.Option(None, help="loads to sweep, e.g. 2,4,8,16 (req/s or users)"),
+    duration: float = typer.Option(20.0, min=1, help="measured seconds per load"),
+    warmup: float = typer.Option(3.0, min=0, help="seconds per load before measuring"),
+    seed: int = typer.Option(0, min=0),
+    slo_ttft_ms: float = typer.Option(1000.0, min=1),
+    slo_tpot_ms: float = typer.Option(100.0, min=0.1),
+    slo_success: float = typer.Option(0.99, min=0.001, max=1.0, help="good fraction to meet"),
+    gpu_price_per_hour: float = typer.Option(2.0, min=0, help="USD per GPU-hour, for the cost"),
+    replicas: int | None = typer.Option(
+        None, min=1, help="engines behind the target (default: --fleet's workers, else 1)"
+    ),
+    out: Path | None = typer.Option(None, help="write report.md, sweep.json and PNGs here"),
+    fleet: str | None = typer.Option(
+        None, help="start a local fleet first: sim:N or llamacpp:N worker processes per pool"
+    ),
+    sim_delay_scale: float | None = typer.Option(
+        None, min=0, help="--fleet sim: SY_SIM_DELAY_SCALE"
+    ),
+    sim_max_seqs: int | None = typer.Option(None, min=1, help="--fleet sim: SY_SIM_MAX_NUM_SEQS"),
+    worker_env: list[str] = typer.Option(
+        [], help="--fleet: KEY=VALUE for the workers, repeatable (e.g. SY_LLAMACPP_N_THREADS=1)"
+    ),
+    nats_url: str | None = typer.Option(None, "--nats", help="default: SY_NATS_URL"),
+    edge_url: str = typer.Option("http://127.0.0.1:8080", help="--target edge without --fleet"),
+    api_key: str = typer.Option("sk-local-dev", help="--target edge without --fleet"),
+    tenant: str | None = typer.Option(
+        None, help="tenant for NATS requests (default bench; sql: acme)"
+    ),
+    chat_input_tokens: int = typer.Option(128, min=1, help="median prompt words (chat)"),
+    chat_output_tokens: int = typer.Option(32, min=1, help="median max_tokens (chat)"),
+    agent_sessions: int = typer.Option(16, min=1, help="live episodes (agent)"),
+    burst: int = typer.Option(8, min=1, help="requests per burst (bursty)"),
+    timeout: float = typer.Option(60.0, min=0.1, help="seconds before a request counts as lost"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as one JSON object"),
+) -> None:
+    """Open- or closed-loop load against the fleet: latency from each request's due time,
+    goodput under SLOs, and over --sweep the knee, a recommended limit, report and plots."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from switchyard.bench.arrival import OPEN_KINDS
+    from switchyard.bench.loadfleet import EDGE_KEY, TENANT, LocalFleet, local_fleet, parse_fleet
+    from switchyard.bench.loadgen import Hooks, Record
+    from switchyard.bench.loadreport import finite, markdown
+    from switchyard.bench.loadstats import Slo
+    from switchyard.bench.loadsweep import SweepConfig, run_sweep
+    from switchyard.bench.workloads import WORKLOADS, AgentShape, ChatShape
+    from switchyard.config import Settings
+    from switchyard.logging import configure
+
+    configure("warning", service="sy-bench", json=False)  # keep stdout for the result
+    if target not in ("nats", "edge"):
+        raise typer.BadParameter(f"--target must be nats or edge, got {target!r}")
+    if workload not in WORKLOADS:
+        raise typer.BadParameter(f"--workload must be one of {', '.join(WORKLOADS)}")
+    if arrival not in (*OPEN_KINDS, "closed"):
+        raise typer.BadParameter("--arrival must be poisson, constant, bursty or closed")
+    if sweep:
+        try:
+            loads = [float(x) for x in sweep.split(",") if x.strip()]
+        except ValueError:
+            raise typer.BadParameter(
+                f"--sweep must be numbers separated by commas: {sweep!r}"
+            ) from None
+    elif arrival == "closed":
+        loads = [float(concurrency or 1)]
+    else:
+        if rate is None:
+            raise typer.BadParameter("an open-loop run needs --rate or --sweep")
+        loads = [rate]
+    tenants = {"chat": tenant, "agent": tenant, "sql": tenant} if tenant else {}
+    local: LocalFleet | None = None
+    notes: list[str] = []
+    if fleet:
+        engine, n, pools = parse_fleet(fleet, workload)
+        env: dict[str, str] = {}
+        if engine == "sim" and sim_delay_scale is not None:
+            env["SY_SIM_DELAY_SCALE"] = str(sim_delay_scale)
+        if engine == "sim" and sim_max_seqs is not None:
+            env["SY_SIM_MAX_NUM_SEQS"] = str(sim_max_seqs)
+        for item in worker_env:
+            key, sep, value = item.partition("=")
+            if not sep or not key.startswith("SY_"):
+                raise typer.BadParameter(f"--worker-env must be SY_KEY=VALUE, got {item!r}")
+            env[key] = value
+        local = LocalFleet(engine, n, pools, edge=target == "edge", env=env)
+        tenants = {"chat": TENANT, "agent": TENANT}
+        notes.append(f"fleet started by this run: {local.describe()}, one router, one "
+                     "preprocessor" + (", the edge" if local.edge else ""))  # fmt: skip
+    base = SweepConfig(
+        loads=loads, target=target, workload=workload, arrival=arrival,  # type: ignore[arg-type]
+        burst=burst, duration_s=duration, warmup_s=warmup, seed=seed, request_timeout_s=timeout,
+        slo=Slo(slo_ttft_ms, slo_tpot_ms, slo_success),
+        replicas=replicas or (local.workers if local else 1),
+        gpu_price_per_hour=gpu_price_per_hour,
+        fleet=local.describe() if local else "an externally started fleet",
+        tenants=tenants,  # type: ignore[arg-type]
+        chat=ChatShape(input_median=chat_input_tokens, output_median=chat_output_tokens),
+        agent=AgentShape(sessions=agent_sessions), notes=notes,
+    )  # fmt: skip
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=False,
+    )  # fmt: skip
+
+    def hooks_for(load: float, expected: int | None) -> Hooks:
+        task = progress.add_task(f"load {load:g}", total=expected, status="")
+        counts = {"sent": 0, "done": 0, "errors": 0}
+
+        def sent(_: Record) -> None:
+            counts["sent"] += 1
+
+        def done(rec: Record) -> None:
+            counts["done"] += 1
+            counts["errors"] += not rec.ok
+            progress.update(task, advance=1, status=f"in flight {counts['sent'] - counts['done']}"
+                            f", errors {counts['errors']}")  # fmt: skip
+
+        return Hooks(on_sent=sent, on_done=done)
+
+    from dataclasses import replace
+
+    with contextlib.ExitStack() as stack:
+        cfg = base
+        if local is not None:
+            nats, edge = stack.enter_context(local_fleet(local))
+            cfg = replace(base, nats_url=nats, edge_url=edge or edge_url, api_key=EDGE_KEY)
+        else:
+            cfg = replace(base, nats_url=nats_url or Settings().nats_url, edge_url=edge_url,
+                          api_key=api_key)  # fmt: skip
+        with progress:
+            result = run_sweep(cfg, out, hooks_for)
+    if as_json:
+        print(json.dumps(finite(result.as_dict())))
+        return
+    print(markdown(result))
+    if out is not None:
+        console.print(f"written: {out / 'report.md'}, {out / 'sweep.json'}, PNGs in {out}")
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(bench, name="bench")
+
+
+peers_commands.register(bench)
 
 
 @bench.command("edge")

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from switchyard.cli.bus_commands import NatsUrl, cli_connect
 from switchyard.config import Settings
-from switchyard.messages.sql import SqlAnswer, SqlAsk, StageEvent
+from switchyard.messages.sql import AuditEvent, SqlAnswer, SqlAsk, StageEvent
 from switchyard.text2sql.matching import SEMANTIC_THRESHOLD
 
 console = Console()
@@ -139,9 +139,30 @@ def register(sql: typer.Typer) -> None:
         since: Annotated[float, typer.Option(help="hours to look back")] = 24.0,
         limit: Annotated[int, typer.Option(help="answers to list")] = 20,
         nats_url: NatsUrl = None,
+        requests: Annotated[
+            bool, typer.Option("--requests", help="list review requests from the console")
+        ] = False,
     ) -> None:
-        """Recent questions of a tenant with their SQL, read back from RES."""
-        from switchyard.text2sql.review import recent_answers
+        """Recent questions of a tenant with their SQL, read back from RES (with
+        `--requests`: what analysts asked to have reviewed, from AUDIT)."""
+        from switchyard.text2sql.review import recent_answers, review_requests
+
+        if requests:
+
+            async def asked() -> list[AuditEvent]:
+                bus = await cli_connect(_settings(nats_url), "sy-sql-review")
+                try:
+                    return await review_requests(bus, tenant, since=since * 3600, limit=limit)
+                finally:
+                    await bus.close()
+
+            shown = Table("review id", "answer", "question", "sql", "note")
+            for e in asyncio.run(asked()):
+                answer_id, note = e.detail.get("answer_request_id"), e.detail.get("note")
+                shown.add_row(e.request_id, str(answer_id or "-"), (e.question or "")[:60],
+                              (e.sql or "")[:80], str(note or ""))  # fmt: skip
+            console.print(shown)
+            return
 
         async def run() -> list[SqlAnswer]:
             bus = await cli_connect(_settings(nats_url), "sy-sql-review")

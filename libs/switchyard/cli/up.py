@@ -5,10 +5,17 @@ embedded nats-server; provisions the topology; then runs every service of
 `FLEET` whose package has a `__main__.py` as `python -m services.<name>`.
 
 Nothing is restarted: a child that exits stops the fleet with a non-zero
-status, so a crash is seen rather than hidden. SIGINT or SIGTERM stops the
-children (SIGTERM, then SIGKILL after `GRACE` seconds) and the embedded
-nats-server last. Children and the server run in their own sessions so a
-terminal's Ctrl-C reaches only this supervisor, which stops them in order.
+status, so a crash is seen rather than hidden. Once the edge answers `/readyz`
+it prints where the edge listens and a first request to try.
+
+`--secure` runs the production NATS permissions locally: the embedded server
+loads `compose/nats-auth.conf` (one user per service, each allowed exactly its
+subjects), every child connects as its own user with a fresh random password,
+and the operator's `admin` credentials are written to `<data dir>/nats/admin.env`.
+SIGINT or SIGTERM stops the children (SIGTERM, then SIGKILL after `GRACE`
+seconds) and the embedded nats-server last. Children and the server run in
+their own sessions so a terminal's Ctrl-C reaches only this supervisor, which
+stops them in order.
 """
 
 from __future__ import annotations
@@ -18,11 +25,16 @@ import contextlib
 import importlib.util
 import itertools
 import os
+import re
+import secrets
 import signal
 import sys
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
 import typer
@@ -37,7 +49,11 @@ from switchyard.errors import SwitchyardError
 from switchyard.natsserver import EmbeddedNats, reachable
 
 GRACE = 20.0
-NATS_DIR = Path(".sy/nats")
+DATA_DIR = Path(".sy")
+# The production users and permissions (compose/nats.conf includes the same file).
+NATS_AUTH = Path("compose/nats-auth.conf")
+ADMIN_USER = "admin"
+EDGE_READY_TIMEOUT = 300.0  # s: the first llama.cpp load and the sqlflow index take a while
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})  # noqa: S104 - a URL, not a bind
 COLORS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_green")
 
@@ -52,6 +68,12 @@ class Service:
     module: str
     env: dict[str, str] = field(default_factory=dict)
     replicas: int = 1
+    # Its NATS user in compose/nats-auth.conf (used with `--secure`).
+    nats_user: str = ""
+
+    @property
+    def user(self) -> str:
+        return self.nats_user or self.name
 
 
 # The edge's local dev key `sk-local-dev` -> tenant `dev` (http://127.0.0.1:8080/v1).
@@ -64,9 +86,14 @@ FLEET: tuple[Service, ...] = (
     Service("validator", "services.validator"),
     # One pool per workload: chat (`llm`), game-agent steps (`agent`), Text2SQL (`sql`).
     Service("worker", "services.worker", {"SY_POOL": "llm"}),
-    Service("worker-agent", "services.worker", {"SY_POOL": "agent"}),
+    Service("worker-agent", "services.worker", {"SY_POOL": "agent"}, nats_user="worker"),
     # A 4,096-token context: the SQL prompt carries schema text (SmolLM2 allows 8,192).
-    Service("worker-sql", "services.worker", {"SY_POOL": "sql", "SY_LLAMACPP_N_CTX": "4096"}),
+    Service(
+        "worker-sql",
+        "services.worker",
+        {"SY_POOL": "sql", "SY_LLAMACPP_N_CTX": "4096"},
+        nats_user="worker",
+    ),
     Service("router", "services.router"),
     Service("sqlflow", "services.sqlflow"),
     Service("preprocessor", "services.preprocessor"),
@@ -80,9 +107,11 @@ class Process:
     name: str
     argv: tuple[str, ...]
     env: dict[str, str]
+    user: str = ""
 
     def describe(self) -> str:
-        extra = "".join(f" {k}={v}" for k, v in self.env.items())
+        shown = {k: ("***" if "PASSWORD" in k else v) for k, v in self.env.items()}
+        extra = "".join(f" {k}={v}" for k, v in shown.items())
         return f"python {' '.join(self.argv[1:])}{extra}"
 
 
@@ -95,7 +124,7 @@ def runnable(module: str) -> bool:
 
 
 def plan(
-    fleet: tuple[Service, ...], *, workers: int, engine: Engine
+    fleet: tuple[Service, ...], *, workers: int, engine: Engine, edge_port: int = 8080
 ) -> tuple[list[Process], list[Service]]:
     """The processes to start, and the services skipped because they cannot run yet."""
     procs: list[Process] = []
@@ -107,10 +136,83 @@ def plan(
         replicas, env = service.replicas, dict(service.env)
         if service.module == "services.worker":
             replicas, env = workers, {**env, "SY_ENGINE": engine}
+        if service.module == "services.edge":
+            env = {**env, "SY_PORT": str(edge_port)}
         for i in range(1, replicas + 1):
             name = service.name if replicas == 1 else f"{service.name}-{i}"
-            procs.append(Process(name, (sys.executable, "-m", service.module), env))
+            argv = (sys.executable, "-m", service.module)
+            procs.append(Process(name, argv, env, service.user))
     return procs, skipped
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """One random password per NATS user of compose/nats-auth.conf (`--secure`)."""
+
+    passwords: dict[str, str]
+
+    @classmethod
+    def fresh(cls, users: set[str]) -> Credentials:
+        # nats-server parses an environment value like config text: a leading digit would
+        # read as a number, so each password is a letter and hex digits.
+        return cls({u: "p" + secrets.token_hex(24) for u in sorted(users | {ADMIN_USER})})
+
+    def server_env(self) -> dict[str, str]:
+        """What nats-auth.conf's `$SY_NATS_PASSWORD_<USER>` references resolve to."""
+        return {f"SY_NATS_PASSWORD_{u.upper()}": pw for u, pw in self.passwords.items()}
+
+    def client_env(self, user: str) -> dict[str, str]:
+        return {"SY_NATS_USER": user, "SY_NATS_PASSWORD": self.passwords[user]}
+
+
+def auth_users() -> set[str]:
+    """Every user NATS_AUTH declares (each needs its password variable set to start)."""
+    if not NATS_AUTH.is_file():
+        raise FileNotFoundError(f"{NATS_AUTH} not found: run `sy up` from the repository root")
+    found = re.findall(r"\$SY_NATS_PASSWORD_([A-Z0-9_]+)", NATS_AUTH.read_text())
+    return {name.lower() for name in found}
+
+
+def secure(procs: list[Process], creds: Credentials) -> list[Process]:
+    """Each process connects as its own NATS user."""
+    return [Process(p.name, p.argv, {**p.env, **creds.client_env(p.user)}, p.user) for p in procs]
+
+
+def edge_url(procs: list[Process]) -> str | None:
+    for p in procs:
+        if p.argv[-1] == "services.edge":
+            return f"http://127.0.0.1:{p.env.get('SY_PORT', '8080')}"
+    return None
+
+
+def first_request(url: str) -> str:
+    return (
+        f"curl -s {url}/v1/chat/completions -H 'Authorization: Bearer sk-local-dev' "
+        "-H 'Content-Type: application/json' "
+        """-d '{"model":"default","messages":[{"role":"user","content":"Say hi"}],"""
+        """"max_tokens":12}'"""
+    )
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:  # noqa: S310 - ours
+            return int(resp.status) == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+async def announce_edge(url: str, stop: asyncio.Event) -> None:
+    """Print where the edge listens and a first request, once it says it is ready."""
+    deadline = time.monotonic() + EDGE_READY_TIMEOUT
+    while not stop.is_set() and time.monotonic() < deadline:
+        if await asyncio.to_thread(_ready, url):
+            status("edge", "green", "●", f"ready: {url}/v1 (OpenAI-compatible); try")
+            console.print(f"  {first_request(url)}", markup=False)
+            return
+        await asyncio.sleep(1.0)
+    if not stop.is_set():
+        status("edge", "yellow", "●", f"{url}/readyz not ready after {EDGE_READY_TIMEOUT:.0f} s")
 
 
 def _host_port(url: str) -> tuple[str, int]:
@@ -118,9 +220,40 @@ def _host_port(url: str) -> tuple[str, int]:
     return u.hostname or "127.0.0.1", u.port or 4222
 
 
-def start_nats(host: str, port: int, data_dir: Path) -> EmbeddedNats:
-    server = EmbeddedNats(data_dir=data_dir.resolve(), host=host, port=port, new_session=True)
-    return server.start()
+def start_nats(
+    host: str, port: int, data_dir: Path, creds: Credentials | None = None
+) -> EmbeddedNats:
+    """An embedded nats-server; with `creds`, the production users of NATS_AUTH."""
+    data_dir = data_dir.resolve()
+    extra = ""
+    if creds is not None:
+        if not NATS_AUTH.is_file():
+            raise FileNotFoundError(f"{NATS_AUTH} not found: run `sy up` from the repository root")
+        data_dir.mkdir(parents=True, exist_ok=True)
+        # nats-server resolves `include` relative to the config file, which lives here.
+        (data_dir / NATS_AUTH.name).write_text(NATS_AUTH.read_text())
+        extra = f"include ./{NATS_AUTH.name}"
+    server = EmbeddedNats(
+        data_dir=data_dir, host=host, port=port, new_session=True, extra_config=extra
+    )
+    # The server reads its users' passwords from its environment; children never see them.
+    env = creds.server_env() if creds is not None else {}
+    os.environ.update(env)
+    try:
+        return server.start()
+    finally:
+        for key in env:
+            os.environ.pop(key, None)
+
+
+def write_admin_env(path: Path, url: str, creds: Credentials) -> None:
+    """The operator's credentials for `sy` commands against a `--secure` fleet (mode 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"SY_NATS_URL={url}\n")
+        for key, value in creds.client_env(ADMIN_USER).items():
+            f.write(f"{key}={value}\n")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -142,8 +275,11 @@ async def _quiet() -> None:
     """Closing our own short connection is not worth a warning."""
 
 
-async def provision_fleet(url: str) -> str:
-    settings = TopologySettings(nats_url=url)
+async def provision_fleet(url: str, creds: Credentials | None = None) -> str:
+    auth: dict[str, Any] = {}
+    if creds is not None:
+        auth = {"nats_user": ADMIN_USER, "nats_password": creds.passwords[ADMIN_USER]}
+    settings = TopologySettings(nats_url=url, **auth)
     bus = await asyncio.wait_for(connect(settings, "sy-up", disconnected_cb=_quiet), 30)
     try:
         changes = await provision(bus.js, build_topology(settings))
@@ -204,6 +340,7 @@ async def supervise(procs: list[Process], url: str, nats: EmbeddedNats | None) -
     color = {p.name: c for p, c in zip(procs, itertools.cycle(COLORS), strict=False)}
     children: dict[str, asyncio.subprocess.Process] = {}
     pumps: list[asyncio.Task[None]] = []
+    announcer: asyncio.Task[None] | None = None
     code = 0
     try:
         for p in procs:
@@ -222,6 +359,9 @@ async def supervise(procs: list[Process], url: str, nats: EmbeddedNats | None) -
             assert child.stdout is not None
             prefix = Text(f"{p.name:<{width}} │ ", color[p.name])
             pumps.append(asyncio.create_task(pump(prefix, child.stdout)))
+        edge = edge_url(procs)
+        if edge is not None:
+            announcer = asyncio.create_task(announce_edge(edge, stop))
         exits = {asyncio.ensure_future(c.wait()): n for n, c in children.items()}
         stopping = asyncio.ensure_future(stop.wait())
         while not stop.is_set():
@@ -244,6 +384,8 @@ async def supervise(procs: list[Process], url: str, nats: EmbeddedNats | None) -
             console.print(f"stopping the fleet (SIGTERM, then SIGKILL after {GRACE:.0f} s)")
         stopping.cancel()
     finally:
+        if announcer is not None:
+            announcer.cancel()
         if not await stop_children(children, color):
             code = code or 1
         if pumps:
@@ -264,19 +406,41 @@ def register(app: typer.Typer) -> None:
         dry_run: Annotated[
             bool, typer.Option("--dry-run", help="print what would start, start nothing")
         ] = False,
+        edge_port: Annotated[
+            int, typer.Option(min=1, max=65535, help="the edge's HTTP port")
+        ] = 8080,
+        data_dir: Annotated[
+            Path, typer.Option(help="state of the embedded nats-server (<dir>/nats)")
+        ] = DATA_DIR,
+        secure_users: Annotated[
+            bool,
+            typer.Option(
+                "--secure",
+                help=f"embedded NATS with the per-service users of {NATS_AUTH}",
+            ),
+        ] = False,
     ) -> None:
         """Run the fleet locally: NATS (embedded unless reachable), topology, every service."""
         url = nats_url or Settings().nats_url
         host, port = _host_port(url)
         external = reachable(host, port)
-        procs, skipped = plan(FLEET, workers=workers, engine=engine)
+        procs, skipped = plan(FLEET, workers=workers, engine=engine, edge_port=edge_port)
         topology = build_topology(TopologySettings(nats_url=url))
+        nats_dir = data_dir / "nats"
+        creds: Credentials | None = None
+        if secure_users:
+            if external:
+                status("nats", "red", "✗", f"--secure needs its own nats-server: {url} is taken")
+                raise typer.Exit(1)
+            creds = Credentials.fresh(auth_users() | {p.user for p in procs})
+            procs = secure(procs, creds)
 
         if external:
             status("nats", "green", "●", f"{url} is reachable: using it")
         elif host in LOCAL_HOSTS:
             verb = "would start" if dry_run else "starting"
-            what = f"an embedded nats-server on {host}:{port}, store {NATS_DIR}/"
+            users = f", users of {NATS_AUTH}" if creds is not None else ""
+            what = f"an embedded nats-server on {host}:{port}, store {nats_dir}/{users}"
             status("nats", "yellow", "●", f"{url} is not reachable: {verb} {what}")
         else:
             status("nats", "red", "✗", f"{url} is not reachable and not local; start it first")
@@ -297,10 +461,14 @@ def register(app: typer.Typer) -> None:
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             if not external:
-                server = start_nats(host, port, NATS_DIR)
-                where = f"on {server.url}, log {NATS_DIR}/nats.log"
+                server = start_nats(host, port, nats_dir, creds)
+                where = f"on {server.url}, log {nats_dir}/nats.log"
                 status("nats", "green", "●", f"embedded nats-server {where}")
-            summary = asyncio.run(provision_fleet(url))
+            if creds is not None:
+                admin = nats_dir / "admin.env"
+                write_admin_env(admin, url, creds)
+                status("nats", "green", "●", f"per-service users; operator credentials in {admin}")
+            summary = asyncio.run(provision_fleet(url, creds))
             status("provision", "green", "●", f"{describe(topology)}: {summary}")
             if procs:
                 code = asyncio.run(supervise(procs, url, server))

@@ -150,10 +150,15 @@ class GenerateRequest(Envelope):
     # Agent steps: the longest a frame may wait before its action is useless.
     stale_after: float | None = Field(default=None, gt=0, le=3600)
     stream: bool = True
+    # Set by whoever prepared the request (preprocessor, sqlflow): when it left for `REQ`.
+    prepared_at: UnixTime | None = None
     # Set by the router: when it admitted the request (for queue timings).
     admitted_at: UnixTime | None = None
-    # Set by the router: when it published the request to WORK (router queueing).
+    # Set by the router: when it published the request to WORK (router queueing), on
+    # which partition, and which worker owned that partition then (its routing decision).
     dispatched_at: UnixTime | None = None
+    partition: int | None = Field(default=None, ge=0, le=65535)
+    routed_to: ShortText | None = None
     # Agent steps: the current frame's geometry; answers carry original-frame coordinates.
     frame_geometry: FrameGeometry | None = None
 
@@ -203,6 +208,27 @@ class Timings(Model):
     modelled: ModelledTimings | None = None
 
 
+class Route(Model):
+    """Where a request went and when (absolute Unix seconds), kept with its result.
+
+    `sy trace` lays these out as hops; `sy replay` compares the routing decision
+    (pool, partition, routed_to) of a replayed request with the recorded one.
+    `routed_to` is the router's choice; the result's `worker` is who ran it (they
+    differ after a failover).
+    """
+
+    pool: Token
+    partition: int | None = None
+    routed_to: ShortText | None = None
+    created_at: UnixTime
+    prepared_at: UnixTime | None = None
+    admitted_at: UnixTime | None = None
+    dispatched_at: UnixTime | None = None
+    started_at: UnixTime | None = None
+    first_token_at: UnixTime | None = None
+    finished_at: UnixTime
+
+
 class ErrorInfo(Model):
     code: ErrorCode
     reason: Text
@@ -226,6 +252,7 @@ class GenerateResult(Envelope):
     timings: Timings = Timings()
     worker: ShortText | None = None
     error: ErrorInfo | None = None
+    route: Route | None = None
 
 
 class Cancel(Envelope):

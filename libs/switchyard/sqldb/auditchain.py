@@ -184,6 +184,25 @@ def _check_row(row: dict[str, Any], prev: str, expected_seq: int) -> str | None:
             return f"column {col!r} differs from the hashed body"
     if bool(stored.get("killed")) != bool(row["killed"]):
         return "column 'killed' differs from the hashed body"
+    return _check_typed_columns(row, stored)
+
+
+def _check_typed_columns(row: dict[str, Any], stored: dict[str, Any]) -> str | None:
+    """The columns stored in another type than in the body: time, numbers, JSON."""
+    for col in ("sql_hash", "trace", "duration_ms"):
+        if col in row and stored.get(col) != row[col]:
+            return f"column {col!r} differs from the hashed body"
+    at = row.get("at")
+    if isinstance(at, dt.datetime) and at.isoformat(timespec="microseconds") != stored.get("at"):
+        return "column 'at' differs from the hashed body"
+    for col in ("plan", "detail"):
+        if col in row:
+            try:
+                value = json.loads(row[col]) if isinstance(row[col], str | bytes) else row[col]
+            except ValueError:
+                return f"column {col!r} is not JSON"
+            if value != stored.get(col):
+                return f"column {col!r} differs from the hashed body"
     return None
 
 
@@ -192,7 +211,8 @@ def verify(conn: Any, db: str, tenant: str | None = None) -> VerifyReport:
     report = VerifyReport()
     cols = ", ".join(
         ["id", "seq", "prev_hash", "row_hash", "content_hash", "body", "killed",
-         "rows_scanned", "rows_returned", *[c for c in MIRRORED if c != "tenant"], "tenant"]
+         "rows_scanned", "rows_returned", "sql_hash", "trace", "duration_ms", "at", "plan",
+         "detail", *[c for c in MIRRORED if c != "tenant"], "tenant"]
     )  # fmt: skip
     where = "seq IS NOT NULL" + (" AND tenant = %s" if tenant else "")
     args: tuple[Any, ...] = (tenant,) if tenant else ()
@@ -206,6 +226,18 @@ def verify(conn: Any, db: str, tenant: str | None = None) -> VerifyReport:
         )
         names = [d[0] for d in cur.description]
         rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+        # Every row the auditor stores gets a seq from the trigger; one without was
+        # written around it (or its seq was blanked), so it is outside the chain.
+        cur.execute(
+            f"SELECT id, tenant FROM {q(db)}.{q(AUDIT_TABLE)} WHERE seq IS NULL"
+            + (" AND tenant = %s" if tenant else "") + " ORDER BY id LIMIT 1",
+            args,
+        )  # fmt: skip
+        unchained = cur.fetchone()
+    if unchained is not None:
+        report.broken = Broken(str(unchained[1]), None, int(unchained[0]),
+                               "row outside the hash chain (no seq)")  # fmt: skip
+        return report
     by_tenant: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_tenant.setdefault(row["tenant"], []).append(row)

@@ -30,6 +30,7 @@ from switchyard.messages.inference import (
     Sampling,
 )
 from switchyard.token_estimate import estimate_tokens
+from switchyard.tracing import child
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,9 @@ class FleetModel:
                 cache_salt=tenant,
                 prompt_tokens=estimate_tokens(messages),
                 deadline=deadline,
-                trace=trace,
+                trace=child(trace),
                 reply=stream.inbox,
+                prepared_at=time.time(),
             )
             await publish(self.bus.js, subjects.req("sql", tenant), req)
             try:

@@ -11,13 +11,12 @@ import datetime as dt
 import re
 import time
 
-from nats.js import api
-
 from switchyard import subjects
 from switchyard.bus.connection import Bus
+from switchyard.bus.streamread import Window, read
 from switchyard.codec import decode_envelope
 from switchyard.errors import DecodeError, SwitchyardError
-from switchyard.messages.sql import SqlAnswer
+from switchyard.messages.sql import AuditEvent, SqlAnswer
 from switchyard.text2sql.knowledge import KnowledgeStore, VerifiedQuery
 
 
@@ -25,29 +24,33 @@ async def recent_answers(
     bus: Bus, tenant: str, *, since: float = 86_400.0, limit: int = 50
 ) -> list[SqlAnswer]:
     """The tenant's answers of the last `since` seconds, newest last (at most `limit`)."""
-    start = dt.datetime.fromtimestamp(time.time() - since, dt.UTC)
-    config = api.ConsumerConfig(
-        deliver_policy=api.DeliverPolicy.BY_START_TIME, opt_start_time=start
-    )
-    sub = await bus.js.subscribe(subjects.res("sql", tenant), ordered_consumer=True, config=config)
+    window = Window(subject=subjects.res("sql", tenant), since=time.time() - since)
     answers: list[SqlAnswer] = []
-    try:
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=0.5)
-            except TimeoutError:
-                break
-            try:
-                message = decode_envelope(msg.data)
-            except DecodeError:
-                continue  # RES is shared with inference results; only answers matter here
-            if isinstance(message, SqlAnswer):
-                answers.append(message)
-            if msg.metadata.num_pending == 0:
-                break
-    finally:
-        await sub.unsubscribe()
+    async for stored in read(bus.js, "RES", window):
+        try:
+            message = decode_envelope(stored.data)
+        except DecodeError:
+            continue  # RES is shared with inference results; only answers matter here
+        if isinstance(message, SqlAnswer):
+            answers.append(message)
     return answers[-limit:]
+
+
+async def review_requests(
+    bus: Bus, tenant: str, *, since: float = 86_400.0, limit: int = 50
+) -> list[AuditEvent]:
+    """Questions and SQL the tenant's analysts asked to have reviewed (the console's
+    "request review": audit events on `audit.review.<tenant>`), newest last."""
+    window = Window(subject=subjects.audit("review", tenant), since=time.time() - since)
+    requests: list[AuditEvent] = []
+    async for stored in read(bus.js, "AUDIT", window):
+        try:
+            message = decode_envelope(stored.data)
+        except DecodeError:
+            continue
+        if isinstance(message, AuditEvent) and message.tenant == tenant:
+            requests.append(message)
+    return requests[-limit:]
 
 
 def unqualified(sql: str, database: str) -> str:

@@ -1,0 +1,156 @@
+"""The overhead run: what each router adds over calling one sim server straight.
+
+Columns, all fed the same short chat requests (non-streaming, a few output tokens, the
+`sim` engine at zero delay so the backend costs next to nothing):
+
+  a. `direct`: one `sy sim-server`;
+  b. `vllm-router`: vLLM's router (its default policy, cache_aware) over that sim server;
+  c. `smg`: SGLang's gateway (`smg launch`, its default cache_aware policy) over it;
+  d. `switchyard edge`: HTTP edge -> NATS -> preprocessor -> router -> one sim worker;
+  e. `switchyard nats`: a `GenerateRequest` published straight onto `req.llm.<tenant>`
+     (the router's input) and its token stream read back - Switchyard without HTTP.
+
+Every process is its own OS process on this machine, the load generator too (one asyncio
+client, shared by all columns). Columns run interleaved in blocks (`rounds`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from switchyard.bench.peers import peers, simfleet
+from switchyard.bench.peers.clients import Outcome, http_chat, nats_generate
+from switchyard.bench.peers.procs import ProcessGroup, free_port
+from switchyard.bench.peers.rounds import Send, interleave
+from switchyard.bench.peers.stats import Latency
+from switchyard.bench.peers.syfleet import POOL, TENANT, edge_headers, switchyard_fleet
+from switchyard.bench.peers.workload import overhead_messages
+from switchyard.messages.inference import ChatMessage, GenerateRequest, Sampling
+
+DIRECT, VLLM, SMG, SY_EDGE, SY_NATS = (
+    "direct sim-server", "vllm-router", "smg", "switchyard edge", "switchyard nats",
+)  # fmt: skip
+COLUMNS = (DIRECT, VLLM, SMG, SY_EDGE, SY_NATS)
+
+
+@dataclass(frozen=True)
+class OverheadConfig:
+    requests: int = 2000  # per column
+    concurrency: int = 8
+    block: int = 200
+    max_tokens: int = 8
+    warmup: int = 50
+
+
+@dataclass(frozen=True)
+class OverheadColumn:
+    latency: Latency
+    rps: float
+    added_p50_ms: float  # over the direct column
+    added_p99_ms: float
+    errors: int
+    first_error: str | None
+    hops_p50_ms: dict[str, float] | None = None  # Switchyard over NATS: median per hop
+
+
+@dataclass(frozen=True)
+class OverheadResult:
+    config: OverheadConfig
+    columns: dict[str, OverheadColumn]
+    wall_s: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "config": asdict(self.config),
+            "columns": {k: asdict(v) for k, v in self.columns.items()},
+            "wall_s": self.wall_s,
+        }
+
+
+def _body(i: int, max_tokens: int) -> dict[str, object]:
+    return {"model": simfleet.MODEL, "messages": overhead_messages(i), "max_tokens": max_tokens,
+            "temperature": 0}  # fmt: skip
+
+
+async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
+    started = time.perf_counter()
+    with ProcessGroup(log_dir / "overhead") as group:
+        (backend,) = simfleet.start_sim_servers(group, 1, delay_scale=0.0)
+        routers: dict[str, str] = {}
+        for column, make in ((VLLM, peers.vllm_router), (SMG, peers.smg)):
+            port = free_port()
+            cmd = make(port, free_port(), [backend], "cache_aware")
+            child = group.start(cmd.name.replace(" ", "-"), cmd.argv)
+            url = f"http://127.0.0.1:{port}"
+            await asyncio.to_thread(group.wait_http, child, url + cmd.health_path, 90)
+            routers[column] = url
+        async with switchyard_fleet(group, workers=1, delay_scale=0.0, edge=True) as fleet:
+            assert fleet.edge_url is not None
+            limits = httpx.Limits(max_connections=cfg.concurrency * 2)
+            clients = {
+                DIRECT: httpx.AsyncClient(base_url=backend, limits=limits, timeout=60),
+                **{c: httpx.AsyncClient(base_url=u, limits=limits, timeout=60)
+                   for c, u in routers.items()},
+                SY_EDGE: httpx.AsyncClient(base_url=fleet.edge_url, limits=limits, timeout=60,
+                                           headers=edge_headers()),
+            }  # fmt: skip
+
+            def over_http(column: str) -> Send:
+                http = clients[column]
+                model = "default" if column == SY_EDGE else simfleet.MODEL
+
+                async def send(i: int) -> Outcome:
+                    body = _body(i, cfg.max_tokens) | {"model": model}
+                    return await http_chat(http, body)
+
+                return send
+
+            async def over_nats(i: int) -> Outcome:
+                req = GenerateRequest(
+                    tenant=TENANT, workload="llm", pool=POOL,
+                    messages=[ChatMessage.model_validate(m) for m in overhead_messages(i)],
+                    sampling=Sampling(max_tokens=cfg.max_tokens, temperature=0.0),
+                    prompt_tokens=32, deadline=time.time() + 60,
+                )  # fmt: skip
+                return await nats_generate(fleet.bus, req, timeout=60)
+
+            columns: dict[str, Send] = {c: over_http(c) for c in (DIRECT, VLLM, SMG, SY_EDGE)}
+            columns[SY_NATS] = over_nats
+            try:
+                records = await interleave(
+                    columns, per_column=cfg.requests, block=cfg.block,
+                    concurrency=cfg.concurrency, warmup=cfg.warmup,
+                )  # fmt: skip
+            finally:
+                for http in clients.values():
+                    await http.aclose()
+    base = Latency.of([o.total_s for o in records[DIRECT].outcomes])
+    out: dict[str, OverheadColumn] = {}
+    for name in COLUMNS:
+        rec = records[name]
+        lat = Latency.of([o.total_s for o in rec.outcomes])
+        out[name] = OverheadColumn(
+            latency=lat, rps=round(rec.rps, 1),
+            added_p50_ms=round(lat.p50_ms - base.p50_ms, 3),
+            added_p99_ms=round(lat.p99_ms - base.p99_ms, 3),
+            errors=len(rec.errors), first_error=rec.errors[0] if rec.errors else None,
+            hops_p50_ms=_hops_p50(rec.outcomes),
+        )  # fmt: skip
+    return OverheadResult(cfg, out, round(time.perf_counter() - started, 1))
+
+
+def _hops_p50(outcomes: list[Outcome]) -> dict[str, float] | None:
+    hops = [o.hops for o in outcomes if o.hops]
+    if not hops:
+        return None
+    return {k: round(statistics.median(h[k] for h in hops) * 1000, 2) for k in hops[0]}
+
+
+def run_overhead(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
+    return asyncio.run(_measure(cfg, log_dir))

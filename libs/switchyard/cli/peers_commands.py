@@ -1,0 +1,141 @@
+"""`sy bench peers overhead|routing|all`: Switchyard against vllm-router and smg in one run."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from switchyard.bench.peers.overhead import OverheadConfig
+    from switchyard.bench.peers.routing import RoutingConfig
+
+console = Console()
+peers = typer.Typer(
+    help="Switchyard against vLLM's router and SGLang's gateway (smg), on sim backends.",
+    no_args_is_help=True,
+)
+
+# The issue's agreed place for the artefacts; a fixed, documented path, not a temp file.
+OUT = typer.Option(
+    Path("/tmp/bench-peers"),  # noqa: S108
+    "--out",
+    help="directory for JSON, PNG and logs",
+)
+AS_JSON = typer.Option(False, "--json", help="print one JSON object instead of tables")
+
+
+def _run(
+    out: Path, as_json: bool, overhead_cfg: OverheadConfig | None,
+    routing_cfg: RoutingConfig | None,
+) -> None:  # fmt: skip
+    from switchyard.bench.peers import report
+    from switchyard.bench.peers.overhead import run_overhead
+    from switchyard.bench.peers.peers import versions
+    from switchyard.bench.peers.procs import PeerStartError
+    from switchyard.bench.peers.routing import run_routing
+    from switchyard.logging import configure
+
+    configure("warning", service="sy-bench", json=False)  # keep stdout for the result
+    _stop_cleanly_on_signals()
+    out.mkdir(parents=True, exist_ok=True)
+    found = versions()
+    missing = [name for name, v in found.items() if v == "not installed"]
+    if missing:
+        console.print(f"[red]not installed: {', '.join(missing)}; run `.venv/bin/pip install "
+                      f"-e '.[bench]'` (or `make bench-peers`)[/red]")  # fmt: skip
+        raise typer.Exit(2)
+    try:
+        overhead = run_overhead(overhead_cfg, out / "logs") if overhead_cfg else None
+        routing = run_routing(routing_cfg, out / "logs") if routing_cfg else None
+    except PeerStartError as e:
+        console.print(f"[red]a process could not start:[/red] {e}")
+        raise typer.Exit(3) from e
+    doc = report.document(overhead, routing, found)
+    report.write_json(out / "peers.json", doc)
+    report.write_png(out / "peers.png", overhead, routing, found)
+    if as_json:
+        import json
+
+        print(json.dumps(doc))
+        return
+    report.print_tables(console, overhead, routing, found)
+    console.print(f"written: {out / 'peers.json'}, {out / 'peers.png'}; logs in {out / 'logs'}")
+
+
+def _stop_cleanly_on_signals() -> None:
+    """SIGTERM, and SIGINT even where the shell started us with it ignored (`cmd &`), raise
+    KeyboardInterrupt: asyncio then cancels the run and every `ProcessGroup` stops the
+    processes it started (they run in their own sessions, so nothing else would)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
+
+
+def _overhead_cfg(requests: int, concurrency: int, block: int) -> OverheadConfig:
+    from switchyard.bench.peers.overhead import OverheadConfig
+
+    return OverheadConfig(requests=requests, concurrency=concurrency, block=min(block, requests))
+
+
+def _routing_cfg(sessions: int, steps: int, backends: int, delay_scale: float, seed: int,
+                 policy: list[str] | None) -> RoutingConfig:  # fmt: skip
+    from switchyard.bench.peers.routing import ALL_POLICIES, RoutingConfig
+
+    chosen = tuple(policy) if policy else ALL_POLICIES
+    bad = [p for p in chosen if p not in ALL_POLICIES]
+    if bad:
+        raise typer.BadParameter(f"unknown policy {bad}; choose from {list(ALL_POLICIES)}")
+    return RoutingConfig(sessions, steps, backends, delay_scale, seed, chosen)
+
+
+REQUESTS = typer.Option(2000, min=10, help="overhead: requests per path")
+CONCURRENCY = typer.Option(8, min=1, help="overhead: requests in flight")
+BLOCK = typer.Option(200, min=10, help="overhead: requests per interleaved block")
+SESSIONS = typer.Option(200, min=1, help="routing: agent episodes, all at once")
+STEPS = typer.Option(20, min=1, help="routing: steps per episode")
+BACKENDS = typer.Option(8, min=1, help="routing: sim backends / workers")
+DELAY = typer.Option(1.0, min=0.0, help="routing: sim wall s per modelled s")
+SEED = typer.Option(0, min=0)
+POLICY = typer.Option(None, "--policy", help="routing: only these columns (repeatable)")
+
+
+@peers.command("overhead")
+def overhead_cmd(
+    requests: int = REQUESTS, concurrency: int = CONCURRENCY, block: int = BLOCK,
+    out: Path = OUT, as_json: bool = AS_JSON,
+) -> None:  # fmt: skip
+    """Latency each router adds over one sim server, all paths interleaved in one run."""
+    _run(out, as_json, _overhead_cfg(requests, concurrency, block), None)
+
+
+@peers.command("routing")
+def routing_cmd(
+    sessions: int = SESSIONS, steps: int = STEPS, backends: int = BACKENDS,
+    delay_scale: float = DELAY, seed: int = SEED, policy: list[str] | None = POLICY,
+    out: Path = OUT, as_json: bool = AS_JSON,
+) -> None:  # fmt: skip
+    """Prefix-cache hits, latency and balance of each routing policy on the agent workload."""
+    _run(out, as_json, None, _routing_cfg(sessions, steps, backends, delay_scale, seed, policy))
+
+
+@peers.command("all")
+def all_cmd(
+    requests: int = REQUESTS, concurrency: int = CONCURRENCY, block: int = BLOCK,
+    sessions: int = SESSIONS, steps: int = STEPS, backends: int = BACKENDS,
+    delay_scale: float = DELAY, seed: int = SEED, policy: list[str] | None = POLICY,
+    out: Path = OUT, as_json: bool = AS_JSON,
+) -> None:  # fmt: skip
+    """Both runs, one after the other; one JSON, one PNG."""
+    _run(out, as_json, _overhead_cfg(requests, concurrency, block),
+         _routing_cfg(sessions, steps, backends, delay_scale, seed, policy))  # fmt: skip
+
+
+def register(bench: typer.Typer) -> None:
+    bench.add_typer(peers, name="peers")

@@ -1,0 +1,251 @@
+"""`sy plan`: capacity planning from first principles (see deploy/capacity.md)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from switchyard.capacity import (
+    GPUS,
+    MODELS,
+    UNITS_NOTE,
+    CapacityInputError,
+    CapacityPlan,
+    MemUnit,
+    ModelSpec,
+    PlanRequest,
+    gpu_preset,
+    model_preset,
+    plan,
+)
+from switchyard.capacity.performance import DEFAULT_BW_EFFICIENCY, DEFAULT_MFU
+from switchyard.capacity.plan import DEFAULT_FIXED_MS
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _model(
+    preset: str | None, params: float | None, layers: int | None, kv_heads: int | None,
+    head_dim: int | None,
+) -> ModelSpec:  # fmt: skip
+    explicit = {"params_b": params, "layers": layers, "kv_heads": kv_heads, "head_dim": head_dim}
+    given = {k: v for k, v in explicit.items() if v is not None}
+    if preset is not None:
+        return model_preset(preset).model_copy(update=given)
+    missing = [f"--{k.removesuffix('_b').replace('_', '-')}" for k in explicit if k not in given]
+    if missing:
+        raise CapacityInputError(f"without --model, give {' '.join(missing)}")
+    return ModelSpec(name="custom", **given)
+
+
+def _gpu(
+    preset: str | None, mem: float | None, bandwidth: float | None, tflops: float | None,
+    nvlink: bool | None,
+) -> dict[str, Any]:  # fmt: skip
+    if preset is not None:
+        spec = gpu_preset(preset)
+        return {
+            "gpu_name": spec.name,
+            "gpu_mem": spec.memory_gb if mem is None else mem,
+            "bandwidth_gbs": spec.bandwidth_gbs if bandwidth is None else bandwidth,
+            "dense_tflops": spec.dense_tflops if tflops is None else tflops,
+            "nvlink": spec.has_nvlink if nvlink is None else nvlink,
+        }
+    if mem is None:
+        raise CapacityInputError("without --gpu, give --gpu-mem-gb")
+    return {
+        "gpu_name": "custom",
+        "gpu_mem": mem,
+        "bandwidth_gbs": bandwidth,
+        "dense_tflops": tflops,
+        "nvlink": bool(nvlink),
+    }
+
+
+def _list_presets(as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({
+            "models": {k: m.model_dump() for k, m in MODELS.items()},
+            "gpus": {k: g.model_dump() for k, g in GPUS.items()},
+        }))  # fmt: skip
+        return
+    models = Table("--model", "name", "params (B)", "layers", "KV heads", "head dim", "source")
+    for key, m in MODELS.items():
+        models.add_row(
+            key, m.name, f"{m.params_b:g}", str(m.layers), str(m.kv_heads), str(m.head_dim),
+            m.source,
+        )  # fmt: skip
+    gpus = Table(
+        "--gpu", "name", "memory (GB)", "bandwidth (GB/s)", "dense BF16 TFLOPS", "NVLink (GB/s)"
+    )
+    for key, g in GPUS.items():
+        gpus.add_row(
+            key, g.name, f"{g.memory_gb:g}", f"{g.bandwidth_gbs:g}", f"{g.dense_tflops:g}",
+            f"{g.nvlink_gbs:g}" if g.nvlink_gbs else "none (PCIe)",
+        )  # fmt: skip
+    console.print(models)
+    console.print(gpus)
+    console.print(UNITS_NOTE)
+
+
+def _opt(value: float | None, fmt: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{fmt}}{unit}"
+
+
+def _render(result: CapacityPlan) -> None:
+    req, mem, fleet = result.request, result.memory, result.fleet
+    unit = req.mem_unit.value
+    t = Table("quantity", "value", title=f"{req.model.name} on {req.gpu_name}", show_header=False)
+    t.add_row("GPUs per replica", str(fleet.replica_gpus))
+    t.add_row("weights", f"{mem.weights_bytes / 1e9:.2f} GB ({mem.weights_bytes / 2**30:.2f} GiB)")
+    t.add_row("usable memory (×util)", f"{mem.usable_bytes / 1e9:.2f} GB")
+    t.add_row("overhead", f"{mem.overhead_bytes / 1e9:.2f} GB")
+    t.add_row(
+        "KV per token",
+        f"{mem.kv_bytes_per_token:,.0f} B ({mem.kv_bytes_per_token / 2**20:.4f} MiB)",
+    )
+    t.add_row("KV budget", f"{mem.kv_budget_gb:.2f} GB ({mem.kv_budget_gib:.2f} GiB)")
+    t.add_row(
+        f"KV per request ({mem.kv_tokens_per_request} tokens)",
+        f"{mem.kv_per_request_gb:.3f} GB ({mem.kv_per_request_gib:.3f} GiB)",
+    )
+    t.add_row("max concurrency (memory)", str(mem.max_concurrency))
+    t.add_row("interconnect", result.interconnect.advice)
+    perf = result.performance
+    if perf is not None:
+        t.add_row("operating batch", str(perf.batch))
+        t.add_row("TPOT / decode step", f"{perf.tpot_ms:.1f} ms")
+        t.add_row("decode throughput", f"{perf.decode_tokens_per_s:,.0f} tokens/s per replica")
+        t.add_row("prefill (uncached prompt)", f"{perf.prefill_ms:.0f} ms")
+        t.add_row("TTFT (no queue)", f"{perf.ttft_ms:.0f} ms")
+        t.add_row("requests/s per replica", _opt(perf.requests_per_s, ".2f"))
+    else:
+        t.add_row("speed", "- (give --gpu or --bandwidth-gbs and --tflops)")
+    t.add_row(
+        "replicas by memory / SLO / throughput",
+        f"{_opt(fleet.replicas_by_memory, 'd')} / {_opt(fleet.replicas_by_slo, 'd')}"
+        f" / {_opt(fleet.replicas_by_throughput, 'd')}",
+    )
+    t.add_row(
+        "GPUs needed",
+        f"{_opt(fleet.total_gpus, 'd')} = ({_opt(fleet.replicas, 'd')} + {fleet.spare_replicas}"
+        f" spare) × {fleet.replica_gpus}",
+    )
+    if result.cost_per_million_output_tokens is not None:
+        t.add_row(
+            f"cost per 1M output tokens (U={req.utilisation:g})",
+            f"${result.cost_per_million_output_tokens:.2f}",
+        )
+    if result.cost_per_thousand_requests is not None:
+        t.add_row("cost per 1,000 requests", f"${result.cost_per_thousand_requests:.4f}")
+    agent = result.agent
+    if agent is not None:
+        s = agent.step
+        t.add_row(
+            f"agent step at batch {agent.batch}",
+            f"{s.fixed_ms:.0f} ms fixed + {s.ttft_ms:.0f} ms TTFT + {s.tpot_ms:.1f} ms × (O − 1)",
+        )
+        if agent.max_output_tokens is not None:
+            t.add_row(
+                f"max output tokens for a {agent.step_slo_ms:g} ms step",
+                str(agent.max_output_tokens),
+            )
+        if agent.step_ms is not None:
+            t.add_row(
+                f"step latency at {agent.output_tokens} output tokens", f"{agent.step_ms:.0f} ms"
+            )
+    for problem in fleet.problems:
+        t.add_row("[red]problem[/red]", problem)
+    # Outside the table and unwrapped, so the units line survives any terminal width.
+    console.print(f"units: {UNITS_NOTE}; bare memory inputs read as {unit}", soft_wrap=True)
+    console.print(t)
+
+
+def plan_cmd(
+    model: str | None = typer.Option(None, "--model", help=f"preset: {', '.join(MODELS)}"),
+    gpu: str | None = typer.Option(None, "--gpu", help=f"preset: {', '.join(GPUS)}"),
+    params: float | None = typer.Option(None, "--params", help="parameters, billions"),
+    layers: int | None = typer.Option(None, "--layers"),
+    kv_heads: int | None = typer.Option(None, "--kv-heads"),
+    head_dim: int | None = typer.Option(None, "--head-dim"),
+    weight_bytes: float = typer.Option(2, "--weight-bytes", help="per parameter: 2 BF16, 1 FP8"),
+    weights_gb: float | None = typer.Option(
+        None, "--weights-gb", help="weights as a memory figure (overrides params × bytes)"
+    ),
+    kv_bytes: float = typer.Option(2, "--kv-bytes", help="per KV element: 2 FP16, 1 FP8"),
+    gpu_mem_gb: float | None = typer.Option(None, "--gpu-mem-gb", help="memory per GPU"),
+    bandwidth_gbs: float | None = typer.Option(None, "--bandwidth-gbs", help="per GPU, GB/s"),
+    tflops: float | None = typer.Option(None, "--tflops", help="dense BF16 TFLOPS per GPU"),
+    nvlink: bool | None = typer.Option(None, "--nvlink/--no-nvlink", help="default: preset's"),
+    gpus: int | None = typer.Option(
+        None, "--gpus", min=1, help="GPUs per replica (TP); default: fewest that fit"
+    ),
+    util: float = typer.Option(0.9, "--util", help="GPU memory fraction the engine may use"),
+    overhead_gb: float | None = typer.Option(
+        None, "--overhead-gb", help="activations + workspace per replica (default 4 per GPU)"
+    ),
+    context: int = typer.Option(8192, "--context", help="tokens per sequence (prompt + output)"),
+    mem_unit: MemUnit = typer.Option(
+        MemUnit.GB, "--mem-unit", help="how to read bare memory figures: GB=10^9, GiB=2^30"
+    ),
+    block_tokens: int = typer.Option(16, "--block-tokens", help="KV block size (vLLM: 16)"),
+    bw_efficiency: float = typer.Option(DEFAULT_BW_EFFICIENCY, "--bw-efficiency"),
+    mfu: float = typer.Option(DEFAULT_MFU, "--mfu", help="prefill model FLOPs utilisation"),
+    concurrency: int | None = typer.Option(None, "--concurrency", help="target sequences"),
+    target_rps: float | None = typer.Option(None, "--target-rps", help="target requests/s"),
+    prompt_tokens: int | None = typer.Option(
+        None, "--prompt-tokens", help="default: context − output tokens"
+    ),
+    output_tokens: int | None = typer.Option(None, "--output-tokens", help="per request"),
+    prefix_hit: float = typer.Option(0.0, "--prefix-hit", help="cached fraction of the prompt"),
+    slo_tpot_ms: float | None = typer.Option(None, "--slo-tpot-ms"),
+    slo_ttft_ms: float | None = typer.Option(None, "--slo-ttft-ms"),
+    redundancy: int = typer.Option(0, "--redundancy", min=0, help="spare replicas: 1 = N+1"),
+    gpu_price_per_hour: float | None = typer.Option(None, "--gpu-price-per-hour"),
+    utilisation: float = typer.Option(1.0, "--utilisation", help="average load, for cost"),
+    step_slo_ms: float | None = typer.Option(None, "--step-slo-ms", help="agent step SLO"),
+    fixed_ms: float = typer.Option(
+        DEFAULT_FIXED_MS, "--fixed-ms", help="network + preprocessing + routing per step"
+    ),
+    list_presets: bool = typer.Option(False, "--list-presets"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Memory, speed, GPUs, cost and the agent latency budget of a model on a GPU."""
+    if list_presets:
+        _list_presets(as_json)
+        return
+    try:
+        request = PlanRequest(
+            model=_model(model, params, layers, kv_heads, head_dim),
+            **_gpu(gpu, gpu_mem_gb, bandwidth_gbs, tflops, nvlink),
+            gpus=gpus, util=util, overhead=overhead_gb, weight_bytes=weight_bytes,
+            weights=weights_gb, kv_bytes=kv_bytes, context=context, block_tokens=block_tokens,
+            mem_unit=mem_unit, bw_efficiency=bw_efficiency, mfu=mfu, concurrency=concurrency,
+            target_rps=target_rps, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+            prefix_hit=prefix_hit, slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms,
+            redundancy=redundancy, gpu_price_per_hour=gpu_price_per_hour,
+            utilisation=utilisation, step_slo_ms=step_slo_ms, fixed_ms=fixed_ms,
+        )  # fmt: skip
+    except CapacityInputError as exc:
+        err_console.print(f"error: {exc.reason}")
+        raise typer.Exit(2) from None
+    except ValidationError as exc:
+        for e in exc.errors():
+            where = ".".join(str(p) for p in e["loc"]) or "input"
+            err_console.print(f"error: {where}: {e['msg']}")
+        raise typer.Exit(2) from None
+    result = plan(request)
+    if as_json:
+        print(json.dumps(result.as_dict()))
+        return
+    _render(result)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_cmd)

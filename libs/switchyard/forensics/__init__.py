@@ -1,0 +1,1 @@
+"""Explaining requests after the fact: `sy trace` and `sy replay`."""

@@ -1,0 +1,21 @@
+"""Preprocessor metrics: frame decoding and resizing (updated in the service process, after
+the worker pool returns, so the child processes' registries never matter)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+from switchyard.metrics import LATENCY_BUCKETS
+
+DECODE_S = Histogram(
+    "sy_preprocessor_frame_decode_seconds", "Frame decode time", buckets=LATENCY_BUCKETS
+)
+RESIZE_S = Histogram(
+    "sy_preprocessor_frame_resize_seconds", "Resize, hash and re-encode time",
+    buckets=LATENCY_BUCKETS,
+)  # fmt: skip
+BYTES_IN = Counter("sy_preprocessor_frame_input_bytes_total", "Raw frame bytes decoded")
+BYTES_OUT = Counter("sy_preprocessor_frame_output_bytes_total", "Re-encoded frame bytes")
+# `code` is an ErrorCode (a fixed set).
+REJECTED = Counter("sy_preprocessor_frames_rejected_total", "Frames refused", ["code"])
+CACHE_HITS = Counter("sy_preprocessor_frame_cache_hits_total", "Frames served from the cache")

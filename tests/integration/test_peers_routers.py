@@ -1,0 +1,99 @@
+"""The peers really front our sim servers: vllm-router and smg over two `sy sim-server`s.
+
+Skipped only when a peer's launcher is not installed (the `bench` extra)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from switchyard.bench.peers import peers, simfleet
+from switchyard.bench.peers.procs import PeerStartError, ProcessGroup, free_port
+from switchyard.bench.peers.stats import parse_metrics
+
+
+def _installed(name: str) -> bool:
+    try:
+        peers.binary(name)
+    except PeerStartError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessGroup]:
+    with ProcessGroup(Path(tmp_path_factory.mktemp("peers"))) as g:
+        yield g
+
+
+@pytest.fixture(scope="module")
+def backends(group: ProcessGroup) -> list[str]:
+    return simfleet.start_sim_servers(group, 2, delay_scale=0.0)
+
+
+def _served(urls: list[str]) -> list[float]:
+    return [
+        parse_metrics(httpx.get(f"{u}/metrics").text).get("vllm:request_success_total", 0.0)
+        for u in urls
+    ]
+
+
+def _start(group: ProcessGroup, cmd: peers.PeerCommand, port: int) -> str:
+    child = group.start(cmd.name.replace(" ", "-"), cmd.argv)
+    url = f"http://127.0.0.1:{port}"
+    group.wait_http(child, url + cmd.health_path, timeout=60)
+    return url
+
+
+@pytest.mark.skipif(not _installed(peers.VLLM_ROUTER), reason="vllm-router is not installed "
+                    "(pip install -e '.[bench]')")  # fmt: skip
+def test_vllm_router_fronts_sim_servers_and_keeps_a_session_on_one(
+    group: ProcessGroup, backends: list[str]
+) -> None:
+    port = free_port()
+    url = _start(group, peers.vllm_router(port, free_port(), backends, "consistent_hash"), port)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    before = _served(backends)
+    for _ in range(4):
+        out = client.chat.completions.create(
+            model=simfleet.MODEL, messages=[{"role": "user", "content": "Next action?"}],
+            max_tokens=3, extra_headers={"X-Session-ID": "episode-7"},
+        )  # fmt: skip
+        assert out.choices[0].message.content
+        assert out.usage is not None and out.usage.completion_tokens == 3
+    grew = sorted(a - b for a, b in zip(_served(backends), before, strict=True))
+    assert grew == [0.0, 4.0]  # one session, one backend
+    stream = client.chat.completions.create(
+        model=simfleet.MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+        stream=True,
+    )  # fmt: skip
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+
+@pytest.mark.skipif(not _installed(peers.SMG), reason="smg is not installed "
+                    "(pip install -e '.[bench]')")  # fmt: skip
+def test_smg_fronts_sim_servers(group: ProcessGroup, backends: list[str]) -> None:
+    port = free_port()
+    url = _start(group, peers.smg(port, free_port(), backends, "cache_aware"), port)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    before = _served(backends)
+    out = client.chat.completions.create(
+        model=simfleet.MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5
+    )
+    assert out.usage is not None and out.usage.completion_tokens == 5
+    assert sum(_served(backends)) - sum(before) == 1
+
+
+def test_a_peer_that_cannot_start_fails_with_its_log(tmp_path: Path) -> None:
+    with ProcessGroup(tmp_path) as g:
+        child = g.start(
+            "broken-peer", [sys.executable, "-c", "print('bad flag'); raise SystemExit(2)"]
+        )
+        with pytest.raises(PeerStartError, match="broken-peer exited with status 2") as e:
+            g.wait_http(child, f"http://127.0.0.1:{free_port()}/health", timeout=10)
+        assert "bad flag" in str(e.value)

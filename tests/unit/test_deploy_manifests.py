@@ -1,0 +1,502 @@
+"""compose/ and deploy/k8s/ agree with the code they run.
+
+- every command a container runs exists (`python -m services.<name>` has a
+  `__main__`, `sy ...` is a command of the CLI);
+- every `SY_*` variable a service is given is read by its settings class, and the
+  placeholder secrets are refused by those classes outside `SY_ENV=local`;
+- every Dockerfile, file and extra a manifest names exists;
+- each GPU worker is pinned to exactly one GPU, all eight distinct;
+- database credentials reach only the executor (and the auditor: a known gap,
+  see compose/README.md), the signing key only the validator and executor;
+- the NATS users services log in as exist in nats-auth.conf, the Kubernetes copy
+  of that file is identical, and the partition count agrees everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import typer
+import yaml
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
+
+from services.auditor.settings import AuditorSettings
+from services.edge.settings import EdgeSettings
+from services.executor.settings import ExecutorSettings
+from services.preprocessor.settings import PreprocessorSettings
+from services.router.settings import RouterSettings
+from services.sqlflow.settings import SqlflowSettings
+from services.validator.settings import ValidatorSettings
+from services.worker.settings import WorkerSettings
+from switchyard.bus.topology import TopologySettings
+from switchyard.cli.app import app
+from switchyard.cli.up import runnable
+from switchyard.config import Settings
+from switchyard.engines.llamacpp import LlamaCppSettings
+from switchyard.engines.sim import SimSettings
+from switchyard.engines.vllm import VllmSettings
+from switchyard.natsserver import version as nats_version
+from switchyard.sqldb.settings import AdminSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_DIR = ROOT / "compose"
+K8S = ROOT / "deploy" / "k8s"
+AUTH = COMPOSE_DIR / "nats-auth.conf"
+
+# What each program reads: the service's settings plus the sections it embeds.
+WORKER_SETTINGS: tuple[type[BaseSettings], ...] = (
+    WorkerSettings, VllmSettings, LlamaCppSettings, SimSettings,
+)  # fmt: skip
+SETTINGS: dict[str, tuple[type[BaseSettings], ...]] = {
+    "services.edge": (EdgeSettings,),
+    "services.preprocessor": (PreprocessorSettings,),
+    "services.router": (RouterSettings,),
+    "services.sqlflow": (SqlflowSettings,),
+    "services.validator": (ValidatorSettings,),
+    "services.executor": (ExecutorSettings,),
+    "services.auditor": (AuditorSettings,),
+    "services.worker": WORKER_SETTINGS,
+    "sy provision": (TopologySettings,),
+    "sy sql": (AdminSettings,),
+}
+# Variables for third-party code inside our images (Hugging Face in the vLLM worker).
+FOREIGN_ENV = {"HF_HOME", "HF_HUB_OFFLINE"}
+DB_CREDENTIALS = {"SY_SQL_DB_SECRET", "SY_MYSQL_DSN", "SY_MYSQL_HOST", "SY_MYSQL_PORT"}
+# The auditor derives its INSERT-only account's password from SY_SQL_DB_SECRET
+# (services/auditor/store.py): a known gap, listed so it cannot grow unnoticed.
+DB_HOLDERS = {"executor", "auditor"}
+SIGNING_HOLDERS = {"validator", "executor"}
+OPERATOR_JOB = "operator"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        assert sep, f"{path}: not KEY=VALUE: {line!r}"
+        env[key.strip()] = value.strip()
+    return env
+
+
+def compose() -> dict[str, Any]:
+    doc = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def programs(command: list[str]) -> list[list[str]]:
+    """The programs a container command runs (`sh -c "a && b"` is two)."""
+    if command[:2] == ["sh", "-c"]:
+        return [shlex.split(part) for part in command[2].split("&&")]
+    return [command]
+
+
+def settings_for(argv: list[str]) -> tuple[type[BaseSettings], ...]:
+    if argv[0].startswith("python") and argv[1] == "-m":
+        return SETTINGS[argv[2]]
+    assert argv[0] == "sy", argv
+    return SETTINGS["sy provision" if argv[1] == "provision" else f"sy {argv[1]}"]
+
+
+def cli_has(argv: list[str]) -> bool:
+    """Whether `sy <argv...>` names a command of the `sy` app (options ignored)."""
+    command: click.Command = typer.main.get_command(app)
+    for word in (w for w in argv if not w.startswith("-")):
+        if not isinstance(command, click.Group):
+            return True  # the rest are arguments
+        sub = command.commands.get(word)
+        if sub is None:
+            return False
+        command = sub
+    return not isinstance(command, click.Group)
+
+
+def reads(classes: tuple[type[BaseSettings], ...], var: str) -> bool:
+    """Whether one of the settings classes reads environment variable `var`."""
+    for cls in classes:
+        prefix = str(cls.model_config.get("env_prefix") or "").upper()
+        if not var.upper().startswith(prefix):
+            continue
+        field = var[len(prefix) :].lower().split("__")[0]
+        if field in cls.model_fields:
+            return True
+    return False
+
+
+@dataclass
+class Container:
+    """One of our containers, from compose or Kubernetes, reduced to what we check."""
+
+    where: str
+    name: str
+    argv: list[str]
+    env: dict[str, str]  # value "<secret>" for values from a Secret
+    secret_refs: set[str]
+
+
+def compose_containers() -> Iterator[Container]:
+    for name, svc in compose()["services"].items():
+        if "build" not in svc:
+            continue  # third-party images (nats, mariadb, qdrant, prometheus, grafana)
+        env: dict[str, str] = {}
+        for f in svc.get("env_file", []):
+            env.update(read_env_file(COMPOSE_DIR / f))
+        env.update({k: str(v) for k, v in (svc.get("environment") or {}).items()})
+        yield Container("compose", name, list(svc["command"]), env, set())
+
+
+def k8s_docs() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted((K8S / "base").glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def pod_spec(doc: dict[str, Any]) -> dict[str, Any] | None:
+    if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
+        spec: dict[str, Any] = doc["spec"]["template"]["spec"]
+        return spec
+    return None
+
+
+def k8s_containers() -> Iterator[Container]:
+    configmaps = {d["metadata"]["name"]: d["data"] for d in k8s_docs() if d["kind"] == "ConfigMap"}
+    secrets = {
+        d["metadata"]["name"]: d.get("stringData", {}) for d in k8s_docs() if d["kind"] == "Secret"
+    }
+    for doc in k8s_docs():
+        spec = pod_spec(doc)
+        if spec is None:
+            continue
+        for c in spec["containers"]:
+            env: dict[str, str] = {}
+            refs: set[str] = set()
+            for source in c.get("envFrom", []):
+                if "configMapRef" in source:
+                    env.update(configmaps[source["configMapRef"]["name"]])
+                else:
+                    name = source["secretRef"]["name"]
+                    refs.add(name)
+                    env.update({k: "<secret>" for k in secrets[name]})
+            for item in c.get("env", []):
+                ref = item.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    refs.add(ref["name"])
+                env[item["name"]] = "<secret>" if ref else str(item.get("value", "<field>"))
+            yield Container("k8s", doc["metadata"]["name"], list(c["command"]), env, refs)
+
+
+def all_containers() -> list[Container]:
+    return [*compose_containers(), *k8s_containers()]
+
+
+def role(c: Container) -> str:
+    """The service a container is: `edge`, `worker`, ... or `operator` for jobs."""
+    argv = programs(c.argv)[0]
+    if argv[0].startswith("python"):
+        return argv[2].removeprefix("services.")
+    return OPERATOR_JOB
+
+
+def nats_users() -> set[str]:
+    return set(re.findall(r"^\s*user:\s*([A-Za-z0-9_-]+)\s*$", AUTH.read_text(), re.MULTILINE))
+
+
+def ids(cs: list[Container]) -> list[str]:
+    return [f"{c.where}:{c.name}" for c in cs]
+
+
+CONTAINERS = all_containers()
+
+
+# --------------------------------------------------------------------------- both
+
+
+def test_there_is_something_to_check() -> None:
+    roles = {role(c) for c in CONTAINERS}
+    expected = {"edge", "preprocessor", "router", "worker", "sqlflow", "validator", "executor"}
+    assert expected | {"auditor", OPERATOR_JOB} <= roles
+    assert {c.where for c in CONTAINERS} == {"compose", "k8s"}
+
+
+@pytest.mark.parametrize("c", CONTAINERS, ids=ids(CONTAINERS))
+def test_every_command_exists(c: Container) -> None:
+    for argv in programs(c.argv):
+        if argv[0].startswith("python"):
+            assert argv[1] == "-m" and runnable(argv[2]), argv
+        else:
+            assert argv[0] == "sy" and cli_has(argv[1:]), argv
+
+
+@pytest.mark.parametrize("c", CONTAINERS, ids=ids(CONTAINERS))
+def test_every_variable_is_read_by_its_settings(c: Container) -> None:
+    classes = tuple(cls for argv in programs(c.argv) for cls in settings_for(argv))
+    unread = {
+        var for var in c.env if var not in FOREIGN_ENV and not reads(classes, var)
+    }  # fmt: skip
+    assert unread == set(), f"{c.name}: nothing reads {sorted(unread)}"
+    foreign = {v for v in c.env if not v.startswith("SY_")} - FOREIGN_ENV
+    assert foreign == set()
+
+
+@pytest.mark.parametrize("c", CONTAINERS, ids=ids(CONTAINERS))
+def test_database_credentials_only_reach_the_executor(c: Container) -> None:
+    held = DB_CREDENTIALS & set(c.env)
+    if role(c) not in DB_HOLDERS | {OPERATOR_JOB} or c.name == "nats-provision":
+        assert held == set(), f"{c.name} ({role(c)}) gets database settings {held}"
+        assert "sql-db" not in c.secret_refs
+    if "SY_SQL_SIGNING_KEY" in c.env:
+        assert role(c) in SIGNING_HOLDERS | {OPERATOR_JOB}, c.name
+
+
+@pytest.mark.parametrize("c", CONTAINERS, ids=ids(CONTAINERS))
+def test_services_log_in_to_nats_as_their_own_user(c: Container) -> None:
+    if c.name == "sql-provision":  # talks to MariaDB only: no NATS identity at all
+        assert not {"SY_NATS_USER", "SY_NATS_PASSWORD"} & set(c.env)
+        return
+    user = c.env.get("SY_NATS_USER")
+    assert user in nats_users(), f"{c.name}: NATS user {user!r} is not in {AUTH.name}"
+    assert user == ("admin" if role(c) == OPERATOR_JOB else role(c))
+    assert "SY_NATS_PASSWORD" in c.env
+
+
+def test_the_partition_count_agrees_everywhere() -> None:
+    mapped = re.findall(r"\{\{partition\((\d+),", AUTH.read_text())
+    assert mapped == [str(Settings().partitions)]
+    common = read_env_file(COMPOSE_DIR / "env" / "common.env")
+    assert common["SY_PARTITIONS"] == mapped[0]
+    k8s = next(c for c in k8s_containers() if c.name == "router")
+    assert k8s.env["SY_PARTITIONS"] == mapped[0]
+
+
+def test_kubernetes_loads_the_same_nats_users() -> None:
+    assert (K8S / "nats" / "nats-auth.conf").read_bytes() == AUTH.read_bytes()
+
+
+def test_every_user_has_a_password_variable() -> None:
+    declared = set(read_env_file(COMPOSE_DIR / "env" / "nats.env"))
+    referenced = set(re.findall(r"\$(SY_NATS_PASSWORD_[A-Z]+)", AUTH.read_text()))
+    assert referenced == {f"SY_NATS_PASSWORD_{u.upper()}" for u in nats_users()}
+    assert declared == referenced
+    secret = next(d for d in k8s_docs() if d["metadata"]["name"] == "nats-passwords")
+    assert set(secret["stringData"]) == nats_users()
+
+
+# --------------------------------------------------------------------------- compose
+
+
+def test_placeholder_secrets_are_refused_in_production(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each service's env files, as shipped, must not start: the secrets are placeholders."""
+    checked = 0
+    for c in compose_containers():
+        secrets = {k for k in c.env if "PASSWORD" in k or "SECRET" in k or k.endswith("_KEY")}
+        if not secrets:
+            continue
+        main = settings_for(programs(c.argv)[0])[0]
+        for key in list(os.environ):
+            if key.startswith("SY_"):
+                monkeypatch.delenv(key)
+        for k, v in c.env.items():
+            monkeypatch.setenv(k, v)
+        assert c.env["SY_ENV"] == "production"
+        with pytest.raises(ValidationError, match=r"(?i)placeholder|real key"):
+            main()
+        for k in secrets:  # real values: the same settings now load
+            monkeypatch.setenv(k, "x" * 40 if "KEY" in k else "s3cret-value-0123456789")
+        if "SY_MYSQL_DSN" in c.env:
+            monkeypatch.setenv("SY_MYSQL_DSN", "mysql://root:s3cret@mariadb:3306")
+        main()
+        checked += 1
+    assert checked >= 8
+
+
+def test_gpu_workers_own_one_distinct_gpu_each() -> None:
+    services = compose()["services"]
+    workers = {n: s for n, s in services.items() if n.startswith("worker-gpu")}
+    assert len(workers) == 8
+    seen: list[str] = []
+    for name, svc in workers.items():
+        devices = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert len(devices) == 1, name
+        assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
+        assert len(devices[0]["device_ids"]) == 1, name
+        seen += devices[0]["device_ids"]
+        assert name == f"worker-gpu{devices[0]['device_ids'][0]}"
+        env = read_env_file(COMPOSE_DIR / "env" / "worker.env")
+        assert env["SY_ENGINE"] == "vllm"
+        assert svc["profiles"] == ["gpu"]
+        assert "models:/models" in svc["volumes"]
+        assert svc["environment"]["SY_WORKER_ID"] == name.removeprefix("worker-")
+        assert svc["build"]["dockerfile"] == "compose/Dockerfile.worker"
+    assert sorted(seen) == [str(i) for i in range(8)]
+
+
+def test_cpu_profile_runs_llamacpp_workers_for_every_pool() -> None:
+    services = compose()["services"]
+    cpu = {n: s for n, s in services.items() if s.get("profiles") == ["cpu"]}
+    assert {s["environment"]["SY_POOL"] for s in cpu.values()} == {"agent", "sql", "llm"}
+    for svc in cpu.values():
+        assert read_env_file(COMPOSE_DIR / "env" / "worker-cpu.env")["SY_ENGINE"] == "llamacpp"
+        assert "engine-cpu" in svc["build"]["args"]["EXTRAS"]
+
+
+def test_images_dockerfiles_and_files_exist() -> None:
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"])  # fmt: skip
+    for name, svc in compose()["services"].items():
+        if "build" in svc:
+            context = (COMPOSE_DIR / svc["build"]["context"]).resolve()
+            assert (context / svc["build"]["dockerfile"]).is_file(), name
+            for extra in svc["build"].get("args", {}).get("EXTRAS", "nats").split(","):
+                assert extra in extras, f"{name}: no extra {extra!r}"
+        else:
+            image = svc["image"]
+            assert ":" in image and not image.endswith(":latest"), f"{name}: pin {image}"
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (COMPOSE_DIR / source).exists(), f"{name}: {source} is missing"
+        for f in svc.get("env_file", []):
+            assert (COMPOSE_DIR / f).is_file(), f"{name}: {f}"
+        assert "healthcheck" in svc or name in ("nats-provision", "sql-provision")
+
+
+def test_every_service_has_a_health_check() -> None:
+    for name, svc in compose()["services"].items():
+        check = svc.get("healthcheck", {})
+        if svc.get("labels", {}).get("switchyard.job") == OPERATOR_JOB:
+            assert check.get("disable") is True
+        else:
+            assert check.get("test"), f"{name} has no health check"
+
+
+def test_only_database_services_share_a_network_with_mariadb() -> None:
+    services = compose()["services"]
+    on_db = {n for n, s in services.items() if "db" in s.get("networks", [])}
+    assert on_db == {"mariadb", "executor", "auditor", "sql-provision"}
+    assert compose()["networks"]["db"].get("internal") is True
+    for name in services:
+        if name.startswith("worker-"):
+            assert services[name]["networks"] == ["bus"]
+
+
+# --------------------------------------------------------------------------- kubernetes
+
+
+def k8s_kind(kind: str) -> list[dict[str, Any]]:
+    return [d for d in k8s_docs() if d["kind"] == kind]
+
+
+def test_k8s_images_are_the_ones_compose_builds() -> None:
+    built = {s["image"].split(":")[0] for s in compose()["services"].values() if "build" in s}
+    for doc in k8s_docs():
+        spec = pod_spec(doc)
+        for c in spec["containers"] if spec else []:
+            assert c["image"] in built, f"{doc['metadata']['name']}: {c['image']}"
+
+
+def test_k8s_workers_take_one_gpu_each() -> None:
+    sets = k8s_kind("StatefulSet")
+    assert {s["metadata"]["name"] for s in sets} == {"worker-agent", "worker-sql", "worker-llm"}
+    assert sum(s["spec"]["replicas"] for s in sets) == 8
+    for sts in sets:
+        (c,) = sts["spec"]["template"]["spec"]["containers"]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert c["resources"]["requests"]["nvidia.com/gpu"] == 1
+        # Model loading is slow: >= 10 minutes before liveness may kill it.
+        startup = c["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+        assert {"readinessProbe", "livenessProbe"} <= set(c)
+
+
+def test_k8s_every_workload_has_probes_and_a_disruption_budget() -> None:
+    budgets = {d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"]
+               for d in k8s_kind("PodDisruptionBudget")}  # fmt: skip
+    for doc in k8s_kind("Deployment") + k8s_kind("StatefulSet"):
+        name = doc["metadata"]["name"]
+        assert name in budgets, f"{name} has no PodDisruptionBudget"
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            assert {"startupProbe", "readinessProbe", "livenessProbe"} <= set(c), name
+
+
+def test_k8s_edge_scales_on_queue_depth() -> None:
+    (hpa,) = k8s_kind("HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "edge"
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["pods"]["metric"]["name"] == "sy_edge_requests_in_flight"
+    metrics = (ROOT / "services" / "edge" / "metrics.py").read_text()
+    assert '"sy_edge_requests_in_flight"' in metrics
+
+
+def test_k8s_executor_reaches_only_the_database_and_nats() -> None:
+    policies = {d["metadata"]["name"]: d["spec"] for d in k8s_kind("NetworkPolicy")}
+    assert policies["default-deny"]["podSelector"] == {}
+    assert set(policies["default-deny"]["policyTypes"]) == {"Ingress", "Egress"}
+    executor = policies["executor"]
+    assert executor["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "executor"}
+    peers = [
+        (rule["to"][0]["podSelector"]["matchLabels"], sorted(p["port"] for p in rule["ports"]))
+        for rule in executor["egress"]
+    ]
+    assert peers == [
+        ({"k8s-app": "kube-dns"}, [53, 53]),
+        ({"app.kubernetes.io/name": "nats"}, [4222]),
+        ({"app.kubernetes.io/name": "mariadb"}, [3306]),
+    ]
+    covered = {n for p in policies.values()
+               for n in p["podSelector"].get("matchLabels", {}).values()}  # fmt: skip
+    for p in policies.values():
+        for expr in p["podSelector"].get("matchExpressions", []):
+            covered |= set(expr["values"])
+    for doc in k8s_kind("Deployment") + k8s_kind("StatefulSet"):
+        assert doc["metadata"]["name"] in covered, f"{doc['metadata']['name']}: no NetworkPolicy"
+
+
+def test_k8s_nats_values_run_a_three_node_jetstream_cluster() -> None:
+    values = yaml.safe_load((K8S / "nats-values.yaml").read_text())
+    assert values["config"]["cluster"] == {"enabled": True, "replicas": 3}
+    assert values["config"]["jetstream"]["enabled"] is True
+    assert values["config"]["jetstream"]["merge"]["sync_interval"] == "always"
+    assert any("$include" in k for k in values["config"]["merge"])
+    assert set(values["container"]["env"]) == {
+        f"SY_NATS_PASSWORD_{u.upper()}" for u in nats_users()
+    }
+    top = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert top["helmCharts"][0]["valuesFile"] == "nats-values.yaml"
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
+def test_k8s_base_renders_with_kustomize() -> None:
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(K8S / "base")], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(out.stdout) if d]
+    assert kinds.count("StatefulSet") == 3 and "NetworkPolicy" in kinds
+
+
+def test_deployed_nats_is_the_version_the_tests_prove() -> None:
+    tested = ".".join(map(str, nats_version()))
+    assert compose()["services"]["nats"]["image"] == f"nats:{tested}-alpine"
+    values = yaml.safe_load((K8S / "nats-values.yaml").read_text())
+    assert values["container"]["image"]["tag"] == f"{tested}-alpine"
