@@ -40,8 +40,12 @@ up: setup
 	$(VENV)/bin/sy up $(UP_ARGS)
 
 # pytest exits 5 when it collected no tests: that is a failure too, like any non-zero.
+# Chromium (the console's browser test) and promtool (the alert rules' own checks) are
+# optional: without them those tests skip, saying why.
 test: setup
 	bash deploy/local/ensure-mariadb.sh
+	bash deploy/local/ensure-chromium.sh || echo "make test: no chromium, tests/e2e/test_console.py will skip" >&2
+	bash deploy/local/ensure-promtool.sh || echo "make test: no promtool, the rules' promtool checks will skip" >&2
 	@rc=0; $(VENV)/bin/pytest $(PYTEST_ARGS) || rc=$$?; \
 	case $$rc in \
 	  0) ;; \
@@ -53,6 +57,8 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --strict libs/
+	$(VENV)/bin/sy proto --check
+	$(VENV)/bin/sy metrics catalog --check
 
 proto: setup
 	$(VENV)/bin/sy proto

@@ -1,11 +1,12 @@
-"""Auditor settings: `SY_MYSQL_HOST`, `SY_SQL_DB_SECRET`, `SY_SQL_AUDIT_DB`,
-`SY_AUDIT_BATCH`, ... The auditor holds only the INSERT-only audit account."""
+"""Auditor settings: `SY_MYSQL_HOST`, `SY_SQL_AUDIT_PASSWORD`, `SY_SQL_AUDIT_DB`,
+`SY_AUDIT_BATCH`, ... The auditor holds only the INSERT-only audit account: in production
+give it `SY_SQL_AUDIT_PASSWORD`, never `SY_SQL_DB_SECRET` (see `sqldb.settings`)."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 
 from switchyard.sqldb.settings import DatabaseSettings
 
@@ -25,3 +26,15 @@ class AuditorSettings(DatabaseSettings):
     audit_ack_wait: float = Field(default=30.0, gt=0)  # the consumer's, see bus.topology
     audit_max_deliver: int = Field(default=6, ge=2)
     drain_timeout: float = Field(default=30.0, gt=0)
+    # The auditor needs no SY_SQL_DB_SECRET when it has SY_SQL_AUDIT_PASSWORD, and should
+    # not hold it: every tenant account's password derives from it.
+    sql_db_secret: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _has_a_password(self) -> AuditorSettings:
+        if self.sql_audit_password is None and self.sql_db_secret is None:
+            if self.env != "local":
+                raise ValueError("set SY_SQL_AUDIT_PASSWORD (the audit account's password)")
+            # Local development: derive it like `sy sql provision` does, from the default.
+            self.sql_db_secret = DatabaseSettings.model_fields["sql_db_secret"].default
+        return self

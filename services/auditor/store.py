@@ -19,7 +19,7 @@ from services.auditor.redact import redact, redact_text
 from switchyard.messages.sql import AuditEvent
 from switchyard.sqldb.admin import quote_name as q
 from switchyard.sqldb.auditchain import AUDIT_TABLE, canonical, content_hash
-from switchyard.sqldb.settings import DatabaseSettings, naming
+from switchyard.sqldb.settings import DatabaseSettings, auditor_password, naming
 
 # Result rows never reach the auditor: the event model has no field for them.
 assert "rows" not in AuditEvent.model_fields, "AuditEvent must never carry result rows"
@@ -106,7 +106,7 @@ class AuditWriter:
         names = naming(settings)
         self.settings = settings
         self.user = user or names.auditor_user
-        self.password = password if password is not None else names.password(self.user)
+        self.password = password if password is not None else auditor_password(settings)
         self._sql = (
             f"INSERT IGNORE INTO {q(settings.sql_audit_db)}.{q(AUDIT_TABLE)} "  # noqa: S608
             f"({', '.join(_COLUMNS)}) VALUES ({', '.join(['%s'] * len(_COLUMNS))})"

@@ -27,6 +27,7 @@ from switchyard.messages.sql import AuditEvent
 from switchyard.sqldb import auditchain
 from switchyard.sqldb.admin import dsn_params
 from switchyard.sqldb.provision import provision_auditor
+from switchyard.sqldb.settings import auditor_password
 from tests.support.auditenv import AuditEnv, audit_env
 
 TENANTS = ("acme", "nova", "orbit")
@@ -39,7 +40,9 @@ def audit_db(mysql_dsn: str, unique: str, nats_url: str) -> Iterator[AuditEnv]:
         # provisioning twice changes nothing
         conn = env.admin()
         try:
-            provision_auditor(conn, env.naming, host="%", audit_db=env.db)
+            assert env.settings.sql_audit_password is not None
+            password = env.settings.sql_audit_password.get_secret_value()
+            provision_auditor(conn, env.naming, host="%", audit_db=env.db, password=password)
         finally:
             conn.close()
         yield env
@@ -147,7 +150,7 @@ async def test_auditor_stores_once_chains_redacts_and_detects_tampering(
     user = env.naming.auditor_user
     params = dsn_params(env.dsn)
     aud = pymysql.connect(host=params["host"], port=params["port"], user=user,
-                          password=env.naming.password(user), connect_timeout=5)  # fmt: skip
+                          password=auditor_password(env.settings), connect_timeout=5)  # fmt: skip
     try:
         with aud.cursor() as cur:
             for statement in (

@@ -218,7 +218,7 @@ async def test_a_recorded_window_replays_identically_and_shows_a_changed_setting
         assert code == 0 and same["identical"] and same["verdict"].startswith("reproduced")
         assert set(same["ids"]) == set(steps + asks)  # new ids remember the originals
 
-        async with fleet(changed.url, sqlenv, tmp_path / "index-changed", agent_max_tokens=12):
+        async with fleet(changed.url, sqlenv, tmp_path / "index-changed", agent_max_tokens=8):
             only_steps = ("--subject", "agent.in.>")
             code, diff = await replay(source.url, changed.url, since, until,
                                       tmp_path / "changed.json", *only_steps)  # fmt: skip

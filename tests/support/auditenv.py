@@ -90,12 +90,14 @@ class AuditEnv:
     def process_env(self) -> dict[str, str]:
         """The auditor's settings as `SY_` variables, for a subprocess."""
         s = self.settings
+        assert s.sql_audit_password is not None
         values = {
-            "SY_ENV": "local",
+            # Production-like: the audit account's own password, no SY_SQL_DB_SECRET.
+            "SY_ENV": "production",
             "SY_NATS_URL": s.nats_url,
             "SY_MYSQL_HOST": s.mysql_host,
             "SY_MYSQL_PORT": str(s.mysql_port),
-            "SY_SQL_DB_SECRET": s.sql_db_secret.get_secret_value(),
+            "SY_SQL_AUDIT_PASSWORD": s.sql_audit_password.get_secret_value(),
             "SY_SQL_ACCOUNT_PREFIX": s.sql_account_prefix,
             "SY_SQL_AUDIT_DB": s.sql_audit_db,
             "SY_AUDIT_STREAM": s.audit_stream,
@@ -117,17 +119,18 @@ def audit_env(mysql_dsn: str, unique: str, nats_url: str, **overrides: Any) -> I
     prefix = f"au{unique}_"
     naming = Naming(prefix, prefix + "t_", prefix, secrets.token_hex(16).encode())
     db = f"{prefix}audit"
+    password = secrets.token_urlsafe(24)  # the audit account's own, as in production
     params = dsn_params(mysql_dsn)
     fields: dict[str, Any] = {
         "nats_url": nats_url, "mysql_host": params["host"], "mysql_port": params["port"],
-        "sql_db_secret": naming.secret.decode(), "sql_account_prefix": prefix,
+        "sql_audit_password": password, "sql_account_prefix": prefix,
         "sql_audit_db": db, "audit_stream": f"AUDIT_{unique}", "audit_durable": "auditor",
         "audit_batch": 25, "audit_linger": 0.02, "drain_timeout": 5,
     }  # fmt: skip
     settings = AuditorSettings(**{**fields, **overrides})
     conn = connect_admin(mysql_dsn)
     try:
-        provision_auditor(conn, naming, host="%", audit_db=db)
+        provision_auditor(conn, naming, host="%", audit_db=db, password=password)
         yield AuditEnv(
             mysql_dsn, db, prefix, naming, settings.audit_stream, f"au{unique}", settings
         )

@@ -73,10 +73,13 @@ SETTINGS: dict[str, tuple[type[BaseSettings], ...]] = {
 }
 # Variables for third-party code inside our images (Hugging Face in the vLLM worker).
 FOREIGN_ENV = {"HF_HOME", "HF_HUB_OFFLINE"}
-DB_CREDENTIALS = {"SY_SQL_DB_SECRET", "SY_MYSQL_DSN", "SY_MYSQL_HOST", "SY_MYSQL_PORT"}
-# The auditor derives its INSERT-only account's password from SY_SQL_DB_SECRET
-# (services/auditor/store.py): a known gap, listed so it cannot grow unnoticed.
-DB_HOLDERS = {"executor", "auditor"}
+# What opens the game data: the admin DSN and the secret every tenant account's
+# password derives from. The auditor holds only its INSERT-only account's password.
+DB_CREDENTIALS = {"SY_SQL_DB_SECRET", "SY_MYSQL_DSN"}
+DB_HOLDERS = {"executor"}
+AUDIT_CREDENTIALS = {"SY_SQL_AUDIT_PASSWORD"}
+AUDIT_HOLDERS = {"auditor"}
+DB_ADDRESS = {"SY_MYSQL_HOST", "SY_MYSQL_PORT"}
 SIGNING_HOLDERS = {"validator", "executor"}
 OPERATOR_JOB = "operator"
 
@@ -265,6 +268,10 @@ def test_database_credentials_only_reach_the_executor(c: Container) -> None:
     if role(c) not in DB_HOLDERS | {OPERATOR_JOB} or c.name == "nats-provision":
         assert held == set(), f"{c.name} ({role(c)}) gets database settings {held}"
         assert "sql-db" not in c.secret_refs
+    if AUDIT_CREDENTIALS & set(c.env):
+        assert role(c) in AUDIT_HOLDERS | {OPERATOR_JOB}, c.name
+    if DB_ADDRESS & set(c.env):
+        assert role(c) in DB_HOLDERS | AUDIT_HOLDERS | {OPERATOR_JOB}, c.name
     if "SY_SQL_SIGNING_KEY" in c.env:
         assert role(c) in SIGNING_HOLDERS | {OPERATOR_JOB}, c.name
 

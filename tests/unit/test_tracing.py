@@ -51,7 +51,6 @@ def test_every_envelope_carries_a_trace_unless_given_one() -> None:
     assert SqlAsk(tenant="acme", question="x", trace=CLIENT).trace == CLIENT
 
 
-
 def test_log_lines_in_a_request_carry_its_trace_id() -> None:
     """`bind_request` puts the ids in structlog's context, which `merge_contextvars` (the
     first processor `logging.configure` installs) adds to every line logged under it."""

@@ -252,7 +252,7 @@ def run_exec_bench(
             env = {
                 "SY_NATS_URL": url, "SY_MYSQL_HOST": str(db["host"]),
                 "SY_MYSQL_PORT": str(db["port"]),
-                "SY_SQL_DB_SECRET": settings.sql_db_secret.get_secret_value(),
+                "SY_SQL_DB_SECRET": naming(settings).secret.decode(),
                 "SY_SQL_DEMO_PREFIX": settings.sql_demo_prefix,
                 "SY_SQL_SCHEMA_PREFIX": settings.sql_schema_prefix,
                 "SY_SQL_ACCOUNT_PREFIX": settings.sql_account_prefix,

@@ -151,7 +151,7 @@ def provision(
 ) -> None:
     """Per-tenant views, a SELECT-only account and its policy; the auditor account."""
     from switchyard.sqldb.provision import provision_auditor, provision_tenant
-    from switchyard.sqldb.settings import naming
+    from switchyard.sqldb.settings import auditor_password, naming
 
     settings = _admin_settings(dsn, sql_policy_dir=policy_dir)
     names = naming(settings)
@@ -175,8 +175,9 @@ def provision(
             )
         if auditor:
             account = provision_auditor(
-                conn, names, host=settings.sql_account_host, audit_db=settings.sql_audit_db
-            )
+                conn, names, host=settings.sql_account_host, audit_db=settings.sql_audit_db,
+                password=auditor_password(settings),
+            )  # fmt: skip
             console.print(f"auditor: {account} may INSERT into {settings.sql_audit_db}.sql_audit")
     except Exception as exc:
         err.print(f"[red]provisioning failed:[/red] {exc}")

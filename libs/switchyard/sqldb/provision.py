@@ -190,7 +190,11 @@ def ensure_planner(
     return account
 
 
-def provision_auditor(conn: Any, naming: Naming, *, host: str, audit_db: str) -> str:
+def provision_auditor(
+    conn: Any, naming: Naming, *, host: str, audit_db: str, password: str | None = None
+) -> str:
+    """The audit table, its hash chain and the INSERT-only account (`password`, else one
+    derived from the naming secret)."""
     flavour = flavour_of(conn)
     user = naming.auditor_user
     with conn.cursor() as cur:
@@ -199,7 +203,12 @@ def provision_auditor(conn: Any, naming: Naming, *, host: str, audit_db: str) ->
     ensure_chain_schema(conn, audit_db)  # event id key, hash chain columns, head, trigger
     with conn.cursor() as cur:
         account = ensure_user(
-            cur, flavour, user, host, naming.password(user), flavour.user_limits(4, 10)
+            cur,
+            flavour,
+            user,
+            host,
+            password or naming.password(user),
+            flavour.user_limits(4, 10),
         )
         _exec(cur, f"GRANT INSERT ON {q(audit_db)}.{q(AUDIT_TABLE)} TO {account}")
     return account

@@ -42,8 +42,13 @@ class DatabaseSettings(Settings):
     mysql_host: str = "127.0.0.1"
     mysql_port: int = Field(default=3306, ge=1, le=65535)
     # Every account password is derived from this secret (HMAC of the account name),
-    # so the executor and `sy sql provision` agree without a password file.
-    sql_db_secret: SecretStr = SecretStr("changeme")
+    # so the executor and `sy sql provision` agree without a password file. None only
+    # for the auditor, which has its own account's password instead.
+    sql_db_secret: SecretStr | None = SecretStr("changeme")
+    # The INSERT-only audit account's own password. Set it (for `sy sql provision` and the
+    # auditor alike) and the auditor needs no SY_SQL_DB_SECRET, which would let it derive
+    # every tenant account's password; unset, it is derived from the secret like the rest.
+    sql_audit_password: SecretStr | None = None
     sql_demo_prefix: str = Field(default="", pattern=_NAME_PREFIX)
     sql_schema_prefix: str = Field(default="t_", pattern=_NAME_PREFIX)
     sql_account_prefix: str = Field(default="sy_", pattern=_NAME_PREFIX)
@@ -53,6 +58,14 @@ class DatabaseSettings(Settings):
     sql_max_user_connections: int = Field(default=10, ge=2, le=1000)
     sql_user_statement_seconds: float = Field(default=30.0, gt=0, le=3600)
     sql_planner_statement_seconds: float = Field(default=5.0, gt=0, le=600)
+
+
+def auditor_password(settings: DatabaseSettings) -> str:
+    """The audit account's password: the explicit one, else derived from the secret."""
+    if settings.sql_audit_password is not None:
+        return settings.sql_audit_password.get_secret_value()
+    names = naming(settings)
+    return names.password(names.auditor_user)
 
 
 class ExecutorLimits(Settings):
@@ -97,7 +110,10 @@ def naming(settings: DatabaseSettings) -> Naming:
         demo_prefix=settings.sql_demo_prefix,
         schema_prefix=settings.sql_schema_prefix,
         account_prefix=settings.sql_account_prefix,
-        secret=settings.sql_db_secret.get_secret_value().encode(),
+        # No secret (the auditor's settings): names only; `password()` refuses to derive.
+        secret=settings.sql_db_secret.get_secret_value().encode()
+        if settings.sql_db_secret is not None
+        else b"",
     )
 
 
