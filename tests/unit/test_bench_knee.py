@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from switchyard.bench.knee import Knee, KneeError, Point, find_knee
 from switchyard.bench.loadgen import Record
-from switchyard.bench.loadreport import SweepMeta, build_result, cost_per_1k, finite, markdown
-from switchyard.bench.loadstats import Slo, summarise
+from switchyard.bench.loadreport import (
+    SweepMeta,
+    build_result,
+    cost_per_1k,
+    finite,
+    markdown,
+    read,
+    write,
+)
+from switchyard.bench.loadstats import RunStats, Slo, summarise
 
 
 def curve(rows: list[tuple[float, float, float]]) -> list[Point]:
@@ -120,42 +129,70 @@ def _late(r: Record, ttft: float, tokens: int = 11, tpot: float = 0.02) -> None:
 
 
 def test_goodput_counts_only_requests_within_every_slo() -> None:
-    # Due every 0.1 s, answered 0.4 s later; 2 warm-up requests; window [0.2, 2.2).
+    # Due every 0.1 s, answered 0.4 s later; 2 warm-up requests (due before 0.2 s).
     recs = _records(10, ttft=0.2, tokens=11, tpot=0.02, warmup=2)
-    _late(recs[3], ttft=0.6)  # over the TTFT SLO, answered at 1.1 s: inside the window
-    _late(recs[5], ttft=2.0)  # over it too, answered at 2.7 s: after the window
+    _late(recs[3], ttft=0.6)  # over the TTFT SLO: answered at 1.1 s
+    _late(recs[5], ttft=2.0)  # over it too, and the last answer: 2.7 s
     recs[6].outcome = "429"
-    stats = summarise(recs, label="x", load=10, open_loop=True, warmup_s=0.2, duration_s=2.0,
+    stats = summarise(recs, label="x", load=10, open_loop=True, warmup_s=0.2, duration_s=0.8,
                       slo=Slo(ttft_ms=500, tpot_ms=50, success=0.9))  # fmt: skip
     assert stats.requests == 8 and stats.warmup_requests == 2
     assert stats.ok == 7 and stats.errors == {"429": 1}
     # Latency covers the measured requests however late: request 5's 2 s TTFT is the p99.
     assert stats.ttft_ms.p99 == pytest.approx(2000, abs=0.01)
     assert stats.good_fraction == pytest.approx(5 / 8) and not stats.slo_met
-    # Rates count answers arriving inside the window (warm-up ones too): 8 ok, 7 good, in 2 s.
-    assert stats.throughput_rps == pytest.approx(4.0)
-    assert stats.goodput_rps == pytest.approx(3.5)
-    assert stats.output_tokens_per_s == pytest.approx(8 * 11 / 2.0)
+    # Rates: answers from the warm-up's end (0.2 s) to the last measured one (2.7 s), the
+    # warm-up's included: 9 ok (not the 429), 7 of them within the SLOs, over 2.5 s.
+    assert stats.span_s == pytest.approx(2.5)
+    assert stats.throughput_rps == pytest.approx(9 / 2.5)
+    assert stats.goodput_rps == pytest.approx(7 / 2.5)
+    assert stats.output_tokens_per_s == pytest.approx(9 * 11 / 2.5)
     assert stats.tpot_ms.p50 == pytest.approx(20, abs=0.01)
     assert stats.itl_ms.p99 == pytest.approx(20, abs=0.01)
 
 
-def test_a_sweep_report_answers_the_three_questions() -> None:
+def _sweep(throughputs: dict[float, float], ttfts: dict[float, float]) -> list[RunStats]:
     slo = Slo(ttft_ms=1000, tpot_ms=100)
     runs = []
-    for load, ttft in ((2, 0.1), (4, 0.12), (8, 0.15), (16, 3.0)):
-        recs = _records(40, ttft=ttft, tokens=5, tpot=0.01)
+    for load, tput in throughputs.items():
+        recs = _records(40, ttft=ttfts[load], tokens=5, tpot=0.01)
         stats = summarise(recs, label=f"{load}", load=load, open_loop=True, warmup_s=0,
                           duration_s=4.0, slo=slo)  # fmt: skip
-        # Past the knee the fleet serves no faster than at 8 req/s.
-        stats.throughput_rps = 8.1 if load == 16 else load
+        # The rates as a fleet would show them (the synthetic records share one timeline).
+        stats.throughput_rps = tput
+        stats.goodput_rps = tput if ttfts[load] * 1000 <= slo.ttft_ms else 0.0
         runs.append(stats)
-    meta = SweepMeta(target="NATS", workload="chat", arrival="poisson", fleet="synthetic",
-                     replicas=2, gpu_price_per_hour=3.0, duration_s=4, warmup_s=0, seed=1,
-                     started_at="now")  # fmt: skip
-    result = build_result(meta, runs)
+    return runs
+
+
+META = SweepMeta(target="NATS", workload="chat", arrival="poisson", fleet="synthetic",
+                 replicas=2, gpu_price_per_hour=3.0, duration_s=4, warmup_s=0, seed=1,
+                 started_at="now")  # fmt: skip
+
+
+def test_the_operating_point_never_passes_the_goodput_peak(tmp_path: Path) -> None:
+    # 1 -> 2 still gains 14 % (no knee) although 2 is overloaded (TTFT 10 s, goodput 0);
+    # the knee lands at 3, and 0.8 x 3 = 2.4 would recommend the overloaded 2.
+    runs = _sweep({1: 1.2, 2: 1.37, 3: 0.9}, {1: 0.3, 2: 10.0, 3: 20.0})
+    result = build_result(META, runs)
+    assert result.knee is not None and result.knee.load == 3
+    assert result.goodput_peak_load == 1
+    assert result.operating is not None and result.operating.load == 1
+    assert "goodput peak 1" in result.operating.basis
+    # And it survives its JSON: read back, the same knee and answers.
+    write(result, tmp_path)
+    again = read(tmp_path / "sweep.json")
+    assert again.knee == result.knee and again.operating == result.operating
+
+
+def test_a_sweep_report_answers_the_three_questions() -> None:
+    # Past the knee (16) the fleet serves no faster than at 8 req/s.
+    runs = _sweep({2: 2, 4: 4, 8: 8, 16: 8.1}, {2: 0.1, 4: 0.12, 8: 0.15, 16: 3.0})
+    result = build_result(META, runs)
     assert result.knee is not None and result.knee.load == 16
     assert result.operating is not None and result.operating.load == 8  # <= 0.8 x 16
+    # $3/GPU-hour x 2 GPUs at 8 good req/s: 6 / 3600 / 8 x 1000.
+    assert result.operating.cost_per_1k_requests == pytest.approx(0.2083, abs=1e-4)
     text = markdown(result)
     assert "Safe concurrency per replica" in text and "Its p99" in text
     assert "Cost per 1,000 requests" in text and "Knee: **16" in text

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.bench.knee import Knee, Point, find_knee
-from switchyard.bench.loadstats import RunStats
+from switchyard.bench.loadstats import Percentiles, RunStats, Slo
 
 
 @dataclass
@@ -65,19 +65,24 @@ def cost_per_1k(price_per_hour: float, replicas: int, rps: float) -> float | Non
     return round(price_per_hour * replicas / 3600 / rps * 1000, 4)
 
 
-def _operating(runs: list[RunStats], knee: Knee | None, meta: SweepMeta) -> OperatingPoint | None:
+def _operating(
+    runs: list[RunStats], knee: Knee | None, peak: float | None, meta: SweepMeta
+) -> OperatingPoint | None:
     if not runs:
         return None
     if knee is not None:
-        below = [r for r in runs if r.load <= knee.recommended_limit]
+        # Never past the goodput peak ([S4] §1.2: limit where goodput tops out): a coarse
+        # sweep can put 0.8 x knee above a load that was already overloaded.
+        cap = min(knee.recommended_limit, peak if peak is not None else math.inf)
+        below = [r for r in runs if r.load <= cap]
         if below:
-            at, basis = (
-                below[-1],
-                (
-                    f"the largest swept load at or below the limit {knee.recommended_limit:g} "
-                    f"(0.8 x knee {knee.load:g})"
-                ),
+            at = below[-1]
+            basis = (
+                f"the largest swept load at or below the limit {knee.recommended_limit:g} "
+                f"(0.8 x knee {knee.load:g})"
             )
+            if cap < knee.recommended_limit:
+                basis += f" and the goodput peak {peak:g}"
         else:
             at, basis = (
                 runs[0],
@@ -112,7 +117,19 @@ def build_result(meta: SweepMeta, runs: list[RunStats]) -> SweepResult:
     points = [Point(r.load, r.throughput_rps, r.e2e_ms.p99 if r.ok else float("inf")) for r in runs]
     knee = find_knee(points) if len(points) > 1 else None
     peak = max(runs, key=lambda r: r.goodput_rps).load if runs else None
-    return SweepResult(meta, runs, knee, peak, _operating(runs, knee, meta))
+    return SweepResult(meta, runs, knee, peak, _operating(runs, knee, peak, meta))
+
+
+def read(path: Path) -> SweepResult:
+    """A sweep back from its `sweep.json`, knee and answers recomputed (to re-render a
+    report, or to compare two sweeps)."""
+    data = json.loads(path.read_text())
+    runs = []
+    for r in data["runs"]:
+        names = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "send_lag_ms")
+        pct = {k: Percentiles(**r[k]) for k in names}
+        runs.append(RunStats(**{**r, **pct, "slo": Slo(**r["slo"])}))
+    return build_result(SweepMeta(**data["meta"]), runs)
 
 
 def _unit(result: SweepResult) -> str:

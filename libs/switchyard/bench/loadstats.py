@@ -8,11 +8,12 @@ part). The run meets its success SLO when the good fraction of all measured
 requests reaches `success` (e.g. 0.99).
 
 Latency percentiles cover the measured requests (due after the warm-up), however
-late they finished. Throughput and goodput count the answers that *arrived within*
-the measured window [warm-up, warm-up + duration], whatever their due time, per
-second of the window: in steady state that is the arrival rate below capacity and
-the service rate above it, without the bias a short run gets from dividing by a
-span that includes its last requests' latency or an overloaded run's backlog drain.
+late they finished. Throughput and goodput count every answer that arrived between
+the end of the warm-up and the last measured request's answer, whatever its due
+time, per second of that span. Below capacity that is the arrival rate (the
+warm-up's late answers stand in for the measured ones still in flight at the end);
+above it the fleet works through its backlog at its service rate for the whole
+span, so the rate is measured over many answers instead of a few seconds' worth.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 
 from switchyard.bench.loadgen import Record
 from switchyard.bench.stats import percentile
+
+LOST = frozenset({"client_timeout", "transport"})  # no answer from the fleet at all
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class RunStats:
     itl_ms: Percentiles
     e2e_ms: Percentiles  # from each request's due time
     e2e_mean_ms: float
-    span_s: float  # the measured window
+    span_s: float  # end of the warm-up -> the last measured answer
     throughput_rps: float
     input_tokens_per_s: float
     output_tokens_per_s: float
@@ -94,10 +97,13 @@ def summarise(
 ) -> RunStats:  # fmt: skip
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
-    end = warmup_s + duration_s
-    in_window = [r for r in records if r.finish is not None and warmup_s <= r.finish < end]
+    # A request the harness gave up on marks when it stopped waiting, not an answer: it
+    # must not stretch the span (one lost request would otherwise dilute the rate).
+    answered = [r.finish for r in measured if r.finish is not None and r.outcome not in LOST]
+    end = max(answered, default=warmup_s + duration_s)
+    span = max(end - warmup_s, 1e-9)
+    in_window = [r for r in records if r.finish is not None and warmup_s <= r.finish <= end]
     done_ok = [r for r in in_window if r.ok]
-    span = duration_s
     good = [r for r in measured if slo.good(r)]
     e2e_all = [r.e2e for r in measured if r.e2e is not None]
     e2e_ok = [r.e2e for r in ok if r.e2e is not None]
@@ -119,7 +125,7 @@ def summarise(
         good_fraction=round(good_fraction, 4),
         slo=slo, slo_met=bool(measured) and good_fraction >= slo.success,
         # Little's law: L = lambda x W, with lambda the measured requests' arrival rate.
-        mean_in_flight=round(len(measured) / span * statistics.fmean(e2e_all), 2)
+        mean_in_flight=round(len(measured) / duration_s * statistics.fmean(e2e_all), 2)
         if e2e_all else 0.0,
         send_lag_ms=Percentiles.of_ms([t for r in measured if (t := r.send_lag) is not None]),
         by_kind=dict(Counter(r.kind for r in measured)),

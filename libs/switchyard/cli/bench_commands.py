@@ -233,6 +233,7 @@ def load_cmd(
             raise typer.BadParameter("an open-loop run needs --rate or --sweep")
         loads = [rate]
     tenants = {"chat": tenant, "agent": tenant, "sql": tenant} if tenant else {}
+    weights: dict[str, float] | None = None
     local: LocalFleet | None = None
     notes: list[str] = []
     if fleet:
@@ -249,6 +250,10 @@ def load_cmd(
             env[key] = value
         local = LocalFleet(engine, n, pools, edge=target == "edge", env=env)
         tenants = {"chat": TENANT, "agent": TENANT}
+        if workload == "mixed":  # the local fleet has no Text2SQL services
+            weights = {"agent": 0.6, "chat": 0.4}
+            notes.append("mixed without sql (the local fleet has no Text2SQL services): "
+                         "agent 0.6, chat 0.4")  # fmt: skip
         notes.append(f"fleet started by this run: {local.describe()}, one router, one "
                      "preprocessor" + (", the edge" if local.edge else ""))  # fmt: skip
     base = SweepConfig(
@@ -259,6 +264,7 @@ def load_cmd(
         gpu_price_per_hour=gpu_price_per_hour,
         fleet=local.describe() if local else "an externally started fleet",
         tenants=tenants,  # type: ignore[arg-type]
+        weights=weights,  # type: ignore[arg-type]
         chat=ChatShape(input_median=chat_input_tokens, output_median=chat_output_tokens),
         agent=AgentShape(sessions=agent_sessions), notes=notes,
     )  # fmt: skip

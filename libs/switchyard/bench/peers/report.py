@@ -147,7 +147,7 @@ def write_png(
         ax.set_xticks(list(xs), names, rotation=12, fontsize=8)
         ax.set_title(title, fontsize=10)
     fig.suptitle("sy bench peers (" + _caption(versions) + ")", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))  # leave the top for the suptitle
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
