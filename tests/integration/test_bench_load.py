@@ -211,7 +211,7 @@ def test_sweep_of_a_sim_fleet_finds_its_knee(
     print("load, req/s, p99 ms:", table)  # shown with -s, and on a failure
     light = runs[4]
     assert light.errors == {} and light.ok == light.requests > 0
-    assert light.throughput_rps == pytest.approx(4, rel=0.5)  # below capacity: as offered
+    assert light.throughput_rps == pytest.approx(4, rel=0.6)  # below capacity: ~as offered
     assert light.ttft_ms.p50 > 0 and light.output_tokens_per_s > 0
     # The sim's modelled decode step at batch 1 is ~13 ms; at 4x wall time, ~52 ms a token.
     assert 40 < light.tpot_ms.p50 < 80
