@@ -42,6 +42,10 @@ class Fleet:
             keys = await self._workers_kv.keys()
         except NoKeysError:
             keys = []
+        # keys() lists through a watch that can end before an entry being rewritten shows
+        # up; a worker missed for one refresh would lose its partitions (and its warm
+        # caches). Ask for every known worker by name too: only a real miss drops it.
+        keys = [*keys, *(k for k in self.workers if k not in keys)]
         seen: dict[str, WorkerHeartbeat] = {}
         for key in keys:
             with contextlib.suppress(KeyNotFoundError):

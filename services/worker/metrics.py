@@ -123,6 +123,12 @@ class EngineStatsExporter(Collector):
         self._registries.append(registry)
         return True
 
+    def uninstall(self, registry: CollectorRegistry = REGISTRY) -> None:
+        """Stop serving `registry` (the next `install` may serve it again)."""
+        if any(r is registry for r in self._registries):
+            registry.unregister(self)
+            self._registries = [r for r in self._registries if r is not registry]
+
 
 ENGINE_STATS = EngineStatsExporter()
 

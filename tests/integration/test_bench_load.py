@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import re
-import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from switchyard.bench.loadtargets import EdgeTarget
 from switchyard.bench.workloads import ChatShape, Workload
 from switchyard.config import Settings
 from tests.support.edge import free_port
+from tests.support.loopthread import in_thread
 
 STALL_S = 2.0
 STALL_AT = 2.0  # run seconds
@@ -139,11 +139,8 @@ def sim_fleet(nats_url: str, pool: str, policy: Path) -> Iterator[None]:
         worker_in_process,
     )
 
-    started, failed = threading.Event(), list[BaseException]()
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-
-    async def main() -> None:
+    @contextlib.asynccontextmanager
+    async def fleet() -> AsyncIterator[None]:
         bus = await connect(Settings(nats_url=nats_url), "load-fleet-setup")
         await provision_pool(bus.js, pool, partitions=PARTITIONS)
         async with contextlib.AsyncExitStack() as stack:
@@ -158,28 +155,10 @@ def sim_fleet(nats_url: str, pool: str, policy: Path) -> Iterator[None]:
             await wait_for_workers(bus.js, {f"{pool}-w{i}" for i in range(WORKERS)}, 60)
             await bus.close()
             await asyncio.sleep(1.5)  # the router has seen every heartbeat and placed partitions
-            started.set()
-            await stop.wait()
+            yield
 
-    def run() -> None:
-        try:
-            loop.run_until_complete(main())
-        except BaseException as exc:
-            failed.append(exc)
-        finally:
-            started.set()
-            loop.close()
-
-    thread = threading.Thread(target=run, name=f"load-fleet-{pool}", daemon=True)
-    thread.start()
-    started.wait(90)
-    if failed:
-        raise failed[0]
-    try:
+    with in_thread(fleet, name=f"load-fleet-{pool}"):
         yield
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(60)
 
 
 def test_sweep_of_a_sim_fleet_finds_its_knee(

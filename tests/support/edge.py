@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import socket
-import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from services.edge.app import create_app
 from services.edge.auth import hash_key
 from services.edge.settings import EdgeSettings
 from tests.conftest import REPO
+from tests.support.loopthread import in_thread
 
 
 def write_keys(path: Path, keys: dict[str, dict[str, Any]]) -> Path:
@@ -74,11 +74,8 @@ def sim_fleet_in_thread(
         worker_in_process,
     )
 
-    started, failed = threading.Event(), list[BaseException]()
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-
-    async def main() -> None:
+    @contextlib.asynccontextmanager
+    async def fleet() -> AsyncIterator[None]:
         bus = await connect(Settings(nats_url=nats_url), "sim-fleet-setup")
         await provision_pool(bus.js, pool)
         await bus.close()
@@ -104,28 +101,10 @@ def sim_fleet_in_thread(
             if sqlflow_dir is not None:
                 await stack.enter_async_context(sqlflow_without_policies(nats_url, sqlflow_dir))
             await asyncio.sleep(1.0)  # heartbeats seen, partitions assigned
-            started.set()
-            await stop.wait()
+            yield
 
-    def run() -> None:
-        try:
-            loop.run_until_complete(main())
-        except BaseException as exc:
-            failed.append(exc)
-        finally:
-            started.set()
-            loop.close()
-
-    thread = threading.Thread(target=run, name=f"sim-fleet-{pool}", daemon=True)
-    thread.start()
-    started.wait(60)
-    if failed:
-        raise failed[0]
-    try:
+    with in_thread(fleet, name=f"sim-fleet-{pool}"):
         yield
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(60)
 
 
 @contextlib.asynccontextmanager

@@ -360,6 +360,11 @@ class AsyncLLM:
 @pytest.fixture
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[AsyncLLM]]:
     """Install the double as `vllm` (and a `torch` that sees a GPU)."""
+    # A vLLM worker's process never holds the worker's own vllm:* exporter (it refuses
+    # the vllm backend); sim and llama.cpp workers earlier in this test process do.
+    from services.worker.metrics import ENGINE_STATS
+
+    ENGINE_STATS.uninstall()
     modules: dict[str, dict[str, Any]] = {
         "vllm": {},
         "vllm.sampling_params": {

@@ -7,8 +7,9 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 import yaml
@@ -32,6 +33,8 @@ from switchyard.natsserver import EmbeddedNats
 console = Console()
 err = Console(stderr=True)
 
+T = TypeVar("T")
+
 NatsUrl = Annotated[
     str | None, typer.Option("--nats", help="NATS URL (default: SY_NATS_URL or localhost)")
 ]
@@ -52,6 +55,15 @@ async def cli_connect(settings: Settings, name: str) -> Bus:
         raise SwitchyardError(
             f"cannot reach NATS at {settings.nats_url}: {exc}", code="no_capacity"
         ) from exc
+
+
+def run_or_exit(work: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine; a typed error is printed as `code: reason`, exit 1."""
+    try:
+        return asyncio.run(work)
+    except SwitchyardError as exc:
+        err.print(f"[red]{exc.code}[/red]: {exc.reason}")
+        raise typer.Exit(1) from exc
 
 
 def default_subject(message: Envelope) -> str:
@@ -185,12 +197,7 @@ def register(app: typer.Typer) -> None:
             finally:
                 await bus.close()
 
-        try:
-            code = asyncio.run(run())
-        except SwitchyardError as exc:
-            err.print(f"[red]{exc.code}[/red]: {exc.reason}")
-            raise typer.Exit(1) from exc
-        raise typer.Exit(code)
+        raise typer.Exit(run_or_exit(run()))
 
     @app.command()
     def streams(nats_url: NatsUrl = None) -> None:
@@ -234,11 +241,7 @@ def register(app: typer.Typer) -> None:
             finally:
                 await bus.close()
 
-        try:
-            asyncio.run(run())
-        except SwitchyardError as exc:
-            err.print(f"[red]{exc.code}[/red]: {exc.reason}")
-            raise typer.Exit(1) from exc
+        run_or_exit(run())
 
     @app.command()
     def proto(

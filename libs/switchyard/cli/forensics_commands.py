@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 from pathlib import Path
@@ -18,8 +17,7 @@ from switchyard.bus.provision import provision
 from switchyard.bus.streamread import Window
 from switchyard.bus.topology import build_topology
 from switchyard.cli.audit_commands import parse_since
-from switchyard.cli.bus_commands import NatsUrl, _settings, cli_connect
-from switchyard.errors import SwitchyardError
+from switchyard.cli.bus_commands import NatsUrl, _settings, cli_connect, run_or_exit
 from switchyard.forensics import replay as rp
 from switchyard.forensics.compare import DiffReport, compare
 from switchyard.forensics.trace import Trace, find
@@ -93,11 +91,7 @@ def register(app: typer.Typer) -> None:
             finally:
                 await bus.close()
 
-        try:
-            found = asyncio.run(run())
-        except SwitchyardError as exc:
-            err.print(f"[red]{exc.code}[/red]: {exc.reason}")
-            raise typer.Exit(1) from exc
+        found = run_or_exit(run())
         if as_json:
             console.print_json(data=found.as_json())
         else:
@@ -180,9 +174,4 @@ def register(app: typer.Typer) -> None:
                 if target is not None:
                     await target.close()
 
-        try:
-            code = asyncio.run(run())
-        except SwitchyardError as exc:
-            err.print(f"[red]{exc.code}[/red]: {exc.reason}")
-            raise typer.Exit(1) from exc
-        raise typer.Exit(code)
+        raise typer.Exit(run_or_exit(run()))
