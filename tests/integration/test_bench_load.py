@@ -164,10 +164,11 @@ def sim_fleet(nats_url: str, pool: str, policy: Path) -> Iterator[None]:
 def test_sweep_of_a_sim_fleet_finds_its_knee(
     nats_url: str, unique: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # One sequence per simulated GPU at 4x wall time: the 8-engine fleet saturates near
-    # 8 / (4 x ~0.23 s) ~ 9 req/s, within reach of this small machine's harness.
+    # One sequence per simulated GPU at 8x wall time: the 8-engine fleet saturates near
+    # 8 / (8 x ~0.23 s) ~ 4 req/s, far below what this machine's CPU limits the harness
+    # to even when it is busy, so the knee is the simulated fleet's, not the box's.
     monkeypatch.setenv("SY_SIM_MAX_NUM_SEQS", "1")
-    monkeypatch.setenv("SY_SIM_DELAY_SCALE", "4")
+    monkeypatch.setenv("SY_SIM_DELAY_SCALE", "8")
     policy = tmp_path / "tenants.yaml"
     policy.write_text(yaml.safe_dump({"default": {
         "itpm": 10**12, "otpm": 10**12, "max_concurrency": 10**6,
@@ -175,12 +176,16 @@ def test_sweep_of_a_sim_fleet_finds_its_knee(
     pool = f"load{unique}"
     out = tmp_path / "report"
     cfg = SweepConfig(
-        loads=(4, 8, 16, 32), target="nats", nats_url=nats_url, workload="chat",
-        arrival="constant", duration_s=3.0, warmup_s=1.0, seed=3, request_timeout_s=30,
+        loads=(2, 4, 8, 16), target="nats", nats_url=nats_url, workload="chat",
+        arrival="constant", duration_s=4.0, warmup_s=1.0, seed=3, request_timeout_s=30,
         slo=Slo(ttft_ms=2000, tpot_ms=200), replicas=WORKERS, gpu_price_per_hour=2.0,
         fleet=f"{WORKERS} in-process sim workers", tenants={"chat": f"t{unique}"},
         chat=ChatShape(input_median=64, output_median=16, output_sigma=0.3, conversations=4096),
         pause_s=0.5,
+        # 4-second windows on a shared 2-core box: a saturated step's throughput still
+        # moves by up to ~15 % (more of the 8 workers get work as the offer grows), so
+        # this sweep asks for under 20 % (the CLI's default is 5 %); p99 must still +50 %.
+        knee_min_gain=0.2,
     )  # fmt: skip
     with sim_fleet(nats_url, pool, policy):
         result = run_sweep(cfg, out)
@@ -188,15 +193,15 @@ def test_sweep_of_a_sim_fleet_finds_its_knee(
     runs = {r.load: r for r in result.runs}
     table = [(r.load, r.throughput_rps, r.e2e_ms.p99) for r in result.runs]
     print("load, req/s, p99 ms:", table)  # shown with -s, and on a failure
-    light = runs[4]
+    light = runs[2]
     assert light.errors == {} and light.ok == light.requests > 0
-    assert light.throughput_rps == pytest.approx(4, rel=0.6)  # below capacity: ~as offered
+    assert light.throughput_rps == pytest.approx(2, rel=0.6)  # below capacity: ~as offered
     assert light.ttft_ms.p50 > 0 and light.output_tokens_per_s > 0
-    # The sim's modelled decode step at batch 1 is ~13 ms; at 4x wall time, ~52 ms a token.
-    assert 40 < light.tpot_ms.p50 < 80
+    # The sim's modelled decode step at batch 1 is ~13 ms; at 8x wall time, ~104 ms a token.
+    assert 80 < light.tpot_ms.p50 < 160
     knee = result.knee
     assert knee is not None, table
-    assert knee.load in (8, 16, 32)
+    assert knee.load in (4, 8, 16)
     at = runs[knee.load]
     assert at.throughput_rps < 0.8 * knee.load  # saturated: it served well below the offer
     assert at.e2e_ms.p99 > 2 * light.e2e_ms.p99

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from switchyard.bench.knee import Knee, Point, find_knee
+from switchyard.bench.knee import MIN_GAIN, Knee, Point, find_knee
 from switchyard.bench.loadstats import Percentiles, RunStats, Slo
 
 
@@ -32,6 +32,8 @@ class SweepMeta:
     seed: int
     started_at: str
     notes: list[str] = field(default_factory=list)
+    # The knee's throughput-gain threshold; short windows on a noisy box need more than 5 %.
+    knee_min_gain: float = MIN_GAIN
 
 
 @dataclass
@@ -115,7 +117,7 @@ def build_result(meta: SweepMeta, runs: list[RunStats]) -> SweepResult:
     runs = sorted(runs, key=lambda r: r.load)
     # A load with no answers at all has an unbounded p99, not a zero one.
     points = [Point(r.load, r.throughput_rps, r.e2e_ms.p99 if r.ok else float("inf")) for r in runs]
-    knee = find_knee(points) if len(points) > 1 else None
+    knee = find_knee(points, min_gain=meta.knee_min_gain) if len(points) > 1 else None
     peak = max(runs, key=lambda r: r.goodput_rps).load if runs else None
     return SweepResult(meta, runs, knee, peak, _operating(runs, knee, peak, meta))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from switchyard.bench.arrival import Arrival, ArrivalKind, schedule
+from switchyard.bench.knee import MIN_GAIN
 from switchyard.bench.loadgen import Hooks, LoadConfig, Target, run_load
 from switchyard.bench.loadreport import SweepMeta, SweepResult, build_result, write
 from switchyard.bench.loadstats import RunStats, Slo, summarise
@@ -49,6 +50,7 @@ class SweepConfig:
     chat: ChatShape = field(default_factory=ChatShape)
     agent: AgentShape = field(default_factory=AgentShape)
     pause_s: float = 1.0  # between loads: let the previous load's stragglers clear
+    knee_min_gain: float = MIN_GAIN  # see `switchyard.bench.knee`
     notes: Sequence[str] = ()
 
     def __post_init__(self) -> None:
@@ -145,7 +147,7 @@ def run_sweep(
         target=target, workload=cfg.workload, arrival=cfg.arrival, fleet=cfg.fleet,
         replicas=cfg.replicas, gpu_price_per_hour=cfg.gpu_price_per_hour,
         duration_s=cfg.duration_s, warmup_s=cfg.warmup_s, seed=cfg.seed, started_at=started,
-        notes=notes,
+        notes=notes, knee_min_gain=cfg.knee_min_gain,
     )  # fmt: skip
     result = build_result(meta, runs)
     if out is not None:

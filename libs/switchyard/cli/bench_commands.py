@@ -171,6 +171,9 @@ def load_cmd(
     slo_tpot_ms: float = typer.Option(100.0, min=0.1),
     slo_success: float = typer.Option(0.99, min=0.001, max=1.0, help="good fraction to meet"),
     gpu_price_per_hour: float = typer.Option(2.0, min=0, help="USD per GPU-hour, for the cost"),
+    knee_min_gain: float = typer.Option(
+        0.05, min=0, help="knee: a step that buys less throughput than this (and +50 % p99)"
+    ),
     replicas: int | None = typer.Option(
         None, min=1, help="engines behind the target (default: --fleet's workers, else 1)"
     ),
@@ -261,7 +264,7 @@ def load_cmd(
         burst=burst, duration_s=duration, warmup_s=warmup, seed=seed, request_timeout_s=timeout,
         slo=Slo(slo_ttft_ms, slo_tpot_ms, slo_success),
         replicas=replicas or (local.workers if local else 1),
-        gpu_price_per_hour=gpu_price_per_hour,
+        gpu_price_per_hour=gpu_price_per_hour, knee_min_gain=knee_min_gain,
         fleet=local.describe() if local else "an externally started fleet",
         tenants=tenants,  # type: ignore[arg-type]
         weights=weights,  # type: ignore[arg-type]
