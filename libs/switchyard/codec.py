@@ -129,6 +129,15 @@ def decode_envelope(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Envel
     return _validate(model, obj)
 
 
+def envelope_or_none(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Envelope | None:
+    """`decode_envelope`, or None for bytes that are not one of our envelopes: for readers
+    of a stream that skip what they are not looking for."""
+    try:
+        return decode_envelope(data, max_bytes=max_bytes)
+    except DecodeError:
+        return None
+
+
 def to_jsonable(message: BaseModel) -> Any:
     """A JSON view of a message (bytes as base64), for logs, replay and `sy publish`."""
     return message.model_dump(mode="json")

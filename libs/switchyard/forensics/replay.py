@@ -29,9 +29,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from switchyard.bus.streamread import Stored, Window, read
-from switchyard.codec import decode_envelope, encode
+from switchyard.codec import encode, envelope_or_none
 from switchyard.envelope import Envelope
-from switchyard.errors import DecodeError
 from switchyard.ids import new_id
 from switchyard.messages.agent import AgentStep
 from switchyard.messages.inference import ChatRequest, GenerateResult
@@ -59,10 +58,7 @@ async def select(
     """The window's messages, decoded (None for what does not decode), in stream order."""
     wanted = set(request_ids)
     async for stored in read(js, stream, window):
-        try:
-            message: Envelope | None = decode_envelope(stored.data)
-        except DecodeError:
-            message = None
+        message = envelope_or_none(stored.data)
         if wanted and (message is None or _request_id(message) not in wanted):
             continue
         yield stored, message
@@ -143,10 +139,7 @@ class Collected:
         self.add(msg.data)
 
     def add(self, data: bytes) -> None:
-        try:
-            message = decode_envelope(data)
-        except DecodeError:
-            return
+        message = envelope_or_none(data)
         if isinstance(message, SqlAnswer):
             self.outcomes[message.request_id] = message
         elif isinstance(message, GenerateResult):

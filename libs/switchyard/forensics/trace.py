@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from nats.js import JetStreamContext
 
 from switchyard.bus.publish import MSG_ID
-from switchyard.bus.streamread import Stored, Window, read
-from switchyard.codec import decode, decode_envelope
+from switchyard.bus.streamread import Window, read
+from switchyard.codec import decode, envelope_or_none
 from switchyard.envelope import Envelope
 from switchyard.errors import DecodeError, SwitchyardError
 from switchyard.ids import id_time
@@ -124,13 +124,6 @@ async def find(js: JetStreamContext, request_id: str, *, window: float = 600.0) 
     return trace
 
 
-def _envelope(stored: Stored) -> Envelope | None:
-    try:
-        return decode_envelope(stored.data)
-    except DecodeError:
-        return None
-
-
 def _mine(trace: Trace, message: Envelope, request_id: str | None) -> bool:
     if request_id == trace.request_id:
         return True
@@ -142,7 +135,7 @@ async def _ingress(js: JetStreamContext, span: Window, trace: Trace) -> None:
         async for stored in stored_msgs:
             if stored.headers.get(MSG_ID) not in (None, trace.request_id):
                 continue
-            message = _envelope(stored)
+            message = envelope_or_none(stored.data)
             if message is None or message.id != trace.request_id:
                 continue
             trace.trace_id = trace_id(message.trace)
@@ -155,7 +148,7 @@ async def _ingress(js: JetStreamContext, span: Window, trace: Trace) -> None:
 async def _results(js: JetStreamContext, span: Window, trace: Trace) -> None:
     calls = 0
     async for stored in read(js, "RES", _narrowed(span, "res", trace.tenant)):
-        message = _envelope(stored)
+        message = envelope_or_none(stored.data)
         if isinstance(message, GenerateResult) and _mine(trace, message, message.request_id):
             own = message.request_id == trace.request_id
             if not own:
@@ -177,7 +170,7 @@ async def _results(js: JetStreamContext, span: Window, trace: Trace) -> None:
 
 async def _audit(js: JetStreamContext, span: Window, trace: Trace) -> None:
     async for stored in read(js, "AUDIT", _narrowed(span, "audit", trace.tenant)):
-        message = _envelope(stored)
+        message = envelope_or_none(stored.data)
         if isinstance(message, AuditEvent) and _mine(trace, message, message.request_id):
             detail = " ".join(x for x in (message.verdict, message.rule) if x)
             trace.hops.append(Hop(f"audit {message.event}", stored.time, message.actor, detail))

@@ -14,8 +14,8 @@ import time
 from switchyard import subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.streamread import Window, read
-from switchyard.codec import decode_envelope
-from switchyard.errors import DecodeError, SwitchyardError
+from switchyard.codec import envelope_or_none
+from switchyard.errors import SwitchyardError
 from switchyard.messages.sql import AuditEvent, SqlAnswer
 from switchyard.text2sql.knowledge import KnowledgeStore, VerifiedQuery
 
@@ -27,10 +27,8 @@ async def recent_answers(
     window = Window(subject=subjects.res("sql", tenant), since=time.time() - since)
     answers: list[SqlAnswer] = []
     async for stored in read(bus.js, "RES", window):
-        try:
-            message = decode_envelope(stored.data)
-        except DecodeError:
-            continue  # RES is shared with inference results; only answers matter here
+        # RES is shared with inference results; only answers matter here
+        message = envelope_or_none(stored.data)
         if isinstance(message, SqlAnswer):
             answers.append(message)
     return answers[-limit:]
@@ -44,10 +42,7 @@ async def review_requests(
     window = Window(subject=subjects.audit("review", tenant), since=time.time() - since)
     requests: list[AuditEvent] = []
     async for stored in read(bus.js, "AUDIT", window):
-        try:
-            message = decode_envelope(stored.data)
-        except DecodeError:
-            continue
+        message = envelope_or_none(stored.data)
         if isinstance(message, AuditEvent) and message.tenant == tenant:
             requests.append(message)
     return requests[-limit:]
