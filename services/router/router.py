@@ -23,7 +23,7 @@ from services.router.settings import RouterSettings
 from switchyard import subjects
 from switchyard.answers import answer, result_for
 from switchyard.bus.connection import Bus
-from switchyard.bus.consumer import TOP_UP_WAIT, dead_letter
+from switchyard.bus.consumer import dead_letter, fetch_ready
 from switchyard.bus.publish import publish
 from switchyard.bus.topology import ROUTER_DURABLE
 from switchyard.codec import decode
@@ -121,12 +121,9 @@ class Router:
     async def _intake(self, stop: asyncio.Event) -> None:
         sub = await self.bus.js.pull_subscribe_bind(ROUTER_DURABLE, stream="REQ")
         while not stop.is_set():
-            # Wait for one request and admit it at once, then take what else is queued
-            # (a fetch of many on an idle stream would wait for all of them, see
-            # `switchyard.bus.consumer.TOP_UP_WAIT`).
             try:
-                await self._admit_all(await sub.fetch(1, timeout=0.5))
-                await self._admit_all(await sub.fetch(self.s.fetch_batch, timeout=TOP_UP_WAIT))
+                async for msgs in fetch_ready(sub, lambda: self.s.fetch_batch, 0.5):
+                    await self._admit_all(msgs)
             except (TimeoutError, nats.errors.TimeoutError):
                 continue
 
