@@ -17,7 +17,8 @@ from pydantic import BaseModel
 from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.messages.agent import AgentStep
 from switchyard.messages.deadletter import DeadLetter
-from switchyard.messages.fleet import Assignment, WorkerHeartbeat
+from switchyard.messages.fleet import Assignment, TenantStatus, WorkerHeartbeat
+from switchyard.messages.idempotency import Claim
 from switchyard.messages.inference import (
     Cancel,
     ChatRequest,
@@ -56,6 +57,8 @@ MODELS: tuple[type[BaseModel], ...] = (
     DeadLetter,
     WorkerHeartbeat,
     Assignment,
+    TenantStatus,
+    Claim,
 )
 
 
@@ -113,6 +116,12 @@ CHANNELS: tuple[Channel, ...] = (
     Channel("fleetAssignments", "$KV.fleet_assignments.{pool}.p{partition}", (Assignment,),
             "Partition ownership (KV, compare-and-set).", "KV fleet_assignments",
             ("router",), ("worker",)),
+    Channel("fleetTenants", "$KV.fleet_tenants.{tenant}.{router}", (TenantStatus,),
+            "Each tenant's usage at each router, every second (KV with TTL).", "KV fleet_tenants",
+            ("router",), ("edge",)),
+    Channel("idempotency", "$KV.idempotency.{tenant}.{keyHash}", (Claim,),
+            "Idempotency-Key -> the request that owns it and, once done, its result (KV, create).",
+            "KV idempotency", ("edge",), ("edge",)),
 )  # fmt: skip
 
 

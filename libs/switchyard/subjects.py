@@ -68,3 +68,4 @@ SQL_VALIDATE = "svc.sql.validate"
 SQL_EXECUTE = "svc.sql.execute"
 SQL_EXPLAIN = "svc.sql.explain"
 CANCEL_ALL = "cancel.*"
+RES_ALL = "res.>"  # every result, of every workload and tenant

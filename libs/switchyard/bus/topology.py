@@ -1,4 +1,4 @@
-"""The JetStream topology of ARCHITECTURE §4, declared once.
+"""The JetStream topology (ARCHITECTURE.md, Subjects, streams and KV), declared once.
 
 Provisioning (`switchyard.bus.provision`), `sy provision`, the AsyncAPI
 document in `proto/` and the tests all read these declarations.
@@ -17,6 +17,12 @@ from switchyard.config import Settings
 
 HOUR = 3600.0
 DAY = 24 * HOUR
+
+# The KV buckets, named once: every reader and writer imports these.
+WORKERS_BUCKET = "fleet_workers"  # worker id -> WorkerHeartbeat (TTL)
+ASSIGNMENTS_BUCKET = "fleet_assignments"  # <pool>.p<k> -> Assignment (CAS)
+TENANTS_BUCKET = "fleet_tenants"  # <tenant>.<router> -> TenantStatus (TTL)
+IDEMPOTENCY_BUCKET = "idempotency"  # <tenant>.<key hash> -> Claim (TTL)
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,7 @@ def build_topology(s: TopologySettings) -> Topology:
         ),
         StreamSpec(
             "RES",
-            ("res.>",),
+            (subjects.RES_ALL,),
             "limits",
             s.res_max_age,
             s.storage,
@@ -162,9 +168,9 @@ def build_topology(s: TopologySettings) -> Topology:
                 )
             )
     buckets = (
-        BucketSpec("fleet_workers", s.heartbeat_ttl, 1, "Worker heartbeats (expire with TTL)."),
-        BucketSpec("fleet_assignments", 0, 1, "Partition -> worker, written with CAS."),
-        BucketSpec("idempotency", s.idempotency_ttl, 1, "Idempotency-Key -> request id."),
-        BucketSpec("fleet_tenants", s.heartbeat_ttl, 1, "Per-tenant usage, from each router."),
+        BucketSpec(WORKERS_BUCKET, s.heartbeat_ttl, 1, "Worker heartbeats (expire with TTL)."),
+        BucketSpec(ASSIGNMENTS_BUCKET, 0, 1, "Partition -> worker, written with CAS."),
+        BucketSpec(IDEMPOTENCY_BUCKET, s.idempotency_ttl, 1, "Idempotency-Key -> request id."),
+        BucketSpec(TENANTS_BUCKET, s.heartbeat_ttl, 1, "Per-tenant usage, from each router."),
     )
     return Topology(streams, tuple(consumers), buckets)

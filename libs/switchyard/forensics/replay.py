@@ -28,6 +28,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from switchyard import subjects
 from switchyard.bus.streamread import Stored, Window, read
 from switchyard.codec import encode, envelope_or_none
 from switchyard.envelope import Envelope
@@ -175,7 +176,7 @@ async def send(
 ) -> tuple[list[Sent], Collected]:  # fmt: skip
     """Publish `requests` again on `js` and collect their results from `res.>`."""
     collected = Collected()
-    sub = await nc.subscribe("res.>", cb=collected.on_result)
+    sub = await nc.subscribe(subjects.RES_ALL, cb=collected.on_result)
     sent: list[Sent] = []
     slots = asyncio.Semaphore(concurrency)
     waiters: list[asyncio.Task[bool]] = []

@@ -1,4 +1,4 @@
-"""Fleet state kept in KV buckets: worker heartbeats and partition assignments."""
+"""Fleet state kept in KV buckets: worker heartbeats, partition assignments, tenants' usage."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from switchyard.envelope import Model, ShortText, Token, UnixTime
+from switchyard.envelope import Model, ShortText, TenantId, Token, UnixTime
 
 
 class WorkerHeartbeat(Model):
@@ -36,3 +36,37 @@ class Assignment(Model):
     worker: Token
     at: UnixTime
     reason: Literal["initial", "dead", "drain", "spill", "static"] = "initial"
+
+
+def assignment_key(pool: str, partition: int) -> str:
+    """The key of partition `partition` of `pool` in KV `fleet_assignments`."""
+    return f"{pool}.p{partition}"
+
+
+class TenantStatus(Model):
+    """KV `fleet_tenants` value (key `<tenant>.<router>`, see `tenant_status_key`): one
+    tenant at one router, written each second by every router for the edge's console."""
+
+    v: int = 1
+    tenant: TenantId
+    router: Token
+    at: UnixTime
+    # Quota (per minute) and what of it is spent now: the bucket's capacity minus its
+    # level. Output tokens count `max_tokens` reserved until the request finishes.
+    itpm: int = Field(ge=1)
+    otpm: int = Field(ge=1)
+    input_used: float = Field(ge=0)
+    output_used: float = Field(ge=0)
+    inflight: int = Field(ge=0)
+    max_concurrency: int = Field(ge=1)
+    queued: int = Field(ge=0)
+    queued_tokens: int = Field(ge=0)
+    max_queued_tokens: int = Field(ge=1)
+    # How long the oldest of its queued requests has waited (0 when none waits).
+    oldest_wait: float = Field(ge=0)
+    vtc: float  # its virtual token counter in the fair queue
+
+
+def tenant_status_key(tenant: str, router: str) -> str:
+    """The tenant first, so one tenant's rows are read by key filter alone."""
+    return f"{tenant}.{router}"

@@ -1,0 +1,11 @@
+"""API keys are stored only as their SHA-256 hash: the edge's key file, `sy edge hash-key`,
+and the fleets that benches and tests start all hash a key here, the one way."""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def hash_key(key: str) -> str:
+    """The lowercase hex SHA-256 of `key`, as the edge's key file stores it."""
+    return hashlib.sha256(key.encode()).hexdigest()
