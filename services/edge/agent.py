@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from email.message import EmailMessage
 from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Annotated, Any, Literal
@@ -153,9 +152,7 @@ def parse_multipart(content_type: str, raw: bytes) -> StepInput:
     values: dict[str, Any] = {}
     history: list[str] = []
     frames: list[tuple[bytes, str]] = []
-    assert isinstance(message, EmailMessage)
     for part in message.iter_parts():
-        assert isinstance(part, EmailMessage)
         name = part.get_param("name", header="content-disposition")
         payload = part.get_payload(decode=True)
         data = payload if isinstance(payload, bytes) else b""
@@ -196,21 +193,10 @@ def _number(text: str, name: str, kind: type[float] | type[int]) -> float | int:
         raise _invalid(f"{name} must be a number", name) from None
 
 
-def agent_error(info: ErrorInfo) -> ApiError:
-    err = ApiError.from_info(info)
-    if info.code in AGENT_STATUS:
-        err.status = AGENT_STATUS[info.code]
-    return err
-
-
-def agent_failure(result: GenerateResult | None, info: ErrorInfo | None) -> ApiError:
-    if info is not None:
-        return agent_error(info)
-    if result is not None and result.error is not None:
-        return agent_error(result.error)
-    if result is not None:
-        return agent_error(ErrorInfo(code="internal", reason=f"step {result.status}"))
-    return ApiError(500, "reply stream ended without a result", "server_error", "internal")
+def replay_failure(result: GenerateResult) -> ApiError:
+    """The HTTP error of a retried step whose original did not succeed."""
+    info = result.error or ErrorInfo(code="internal", reason=f"step {result.status}")
+    return ApiError.from_info(info, AGENT_STATUS)
 
 
 def response_of(

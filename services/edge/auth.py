@@ -8,7 +8,6 @@ from here and nowhere else: a body never chooses its tenant.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.edge.errors import ApiError
+from switchyard.apikeys import hash_key
 from switchyard.envelope import TenantId
 
 
@@ -40,10 +40,6 @@ class KeyFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     keys: dict[str, Principal] = Field(default_factory=dict)
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 class KeyRing:

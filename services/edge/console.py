@@ -1,8 +1,11 @@
-"""The web console: two static pages served by the edge, and the two endpoints they add.
+"""The web console's data: the fleet's state as the pages show it, and a review request.
 
-- `GET /console` (ask a question, watch its stages) and `GET /console/fleet` (workers
-  and tenant usage), with their files under `/console/static/`: plain HTML, ES modules
-  and CSS from `services/edge/static/console/`; nothing is built at run time.
+The console (routes in `services.edge.routes.console`) is two static pages served by
+the edge, `/console` (ask a question, watch its stages) and `/console/fleet` (workers
+and tenant usage), with their files under `/console/static/`: plain HTML, ES modules and
+CSS from `services/edge/static/console/`; nothing is built at run time. They add two
+endpoints:
+
 - `GET /v1/fleet`: the live workers (KV `fleet_workers`) and the caller's tenant's
   usage against its quota (KV `fleet_tenants`, written by every router). A tenant key
   reads only the keys `<its tenant>.*`, so another tenant's row never reaches the edge
@@ -18,75 +21,25 @@ are public files, every byte of data comes through the authenticated API.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 import nats.errors
 import nats.js.errors
-from fastapi import Depends, FastAPI, Header, Request
-from fastapi.responses import FileResponse, JSONResponse
-from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from services.edge.auth import KeyRing, Principal
-from services.edge.errors import ApiError
-from services.edge.settings import EdgeSettings
-from services.router.status import BUCKET as TENANTS_BUCKET
-from services.router.status import TenantStatus
-from switchyard import subjects
+from services.edge.errors import Unavailable
 from switchyard.bus.connection import Bus
-from switchyard.bus.publish import publish
+from switchyard.bus.topology import TENANTS_BUCKET, WORKERS_BUCKET
 from switchyard.codec import decode
 from switchyard.errors import DecodeError
 from switchyard.logging import get_logger
-from switchyard.messages.fleet import WorkerHeartbeat
-from switchyard.messages.sql import AuditEvent, SqlText
-from switchyard.sqlguard.signing import sql_hash
+from switchyard.messages.fleet import TenantStatus, WorkerHeartbeat
+from switchyard.messages.sql import SqlText
 
 log = get_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
-STATIC = Path(__file__).resolve().parent / "static" / "console"
-WORKERS_BUCKET = "fleet_workers"
-REVIEW_EVENT = "review.requested"
 KV_READ_TIMEOUT = 2.0  # s: the page polls every second, a stuck read must not pile up
-
-# The pages load only their own files and talk only to this origin.
-SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-cache",
-}
-
-
-# The edge's error body (OpenAI's shape), for the statuses these endpoints answer.
-_ERROR: dict[str, Any] = {
-    "type": "object",
-    "properties": {"error": {"type": "object", "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"},
-        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]},
-        "request_id": {"type": ["string", "null"]},
-    }, "required": ["message", "type"]}},
-    "required": ["error"],
-}  # fmt: skip
-_DESCRIPTIONS = {
-    400: "Body is not JSON", 401: "Missing or unknown API key",
-    403: "Key may not use the sql pool", 413: "Body too large", 422: "Validation error",
-    503: "Fleet state or the review queue unavailable",
-}  # fmt: skip
-
-
-def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {
-        c: {"description": _DESCRIPTIONS[c], "content": {"application/json": {"schema": _ERROR}}}
-        for c in codes
-    }
 
 
 class WorkerRow(BaseModel):
@@ -132,74 +85,6 @@ class ReviewBody(BaseModel):
 class ReviewQueued(BaseModel):
     review_id: str
     status: str = "queued"
-
-
-async def _principal(
-    request: Request, authorization: Annotated[str | None, Header()] = None
-) -> Principal:
-    keys: KeyRing = request.app.state.keys
-    return keys.authenticate(authorization)
-
-
-Who = Annotated[Principal, Depends(_principal)]
-
-
-def mount_console(app: FastAPI, settings: EdgeSettings, bus_of: Callable[[], Bus]) -> None:
-    """Add the console's pages, static files and endpoints to the edge's `app`."""
-
-    def page(name: str) -> FileResponse:
-        return FileResponse(STATIC / name, media_type="text/html", headers=SECURITY_HEADERS)
-
-    @app.get("/console", include_in_schema=False)
-    async def ask_page() -> FileResponse:
-        return page("index.html")
-
-    @app.get("/console/fleet", include_in_schema=False)
-    async def fleet_page() -> FileResponse:
-        return page("fleet.html")
-
-    app.mount("/console/static", StaticFiles(directory=STATIC), name="console-static")
-
-    @app.get("/v1/fleet", response_model=FleetStatus, responses=_errors(401, 503),
-             tags=["console"])  # fmt: skip
-    async def fleet(who: Who) -> JSONResponse:
-        """Live workers (of the pools the key may use) and tenant usage against quota."""
-        bus = bus_of()
-        now = time.time()
-        workers = [
-            row
-            for row in await read_workers(bus, now)
-            if who.operator or who.may_use_pool(row.pool)
-        ]
-        tenants = await read_tenants(bus, None if who.operator else who.tenant)
-        body = FleetStatus(tenant=who.tenant, operator=who.operator, at=now, workers=workers,
-                           tenants=tenants)  # fmt: skip
-        return JSONResponse(body.model_dump(mode="json"), headers={"Cache-Control": "no-store"})
-
-    @app.post(
-        "/v1/sql/review", response_model=ReviewQueued, status_code=202, tags=["sql"],
-        responses=_errors(400, 401, 403, 413, 422, 503),
-    )  # fmt: skip
-    async def request_review(body: ReviewBody, request: Request, who: Who) -> JSONResponse:
-        """Queue a question and its SQL for review: an audit event `review.requested`
-        on `audit.review.<tenant>`, listed by `sy sql review --requests`."""
-        if not who.may_use_pool(settings.sql_pool):
-            raise ApiError(403, "this key may not use the sql pool", "permission_error")
-        rid = getattr(request.state, "request_id", None) or ""
-        detail: dict[str, Any] = {"note": body.note, "answer_request_id": body.request_id}
-        event = AuditEvent(
-            tenant=who.tenant, request_id=rid, event=REVIEW_EVENT, actor="edge.console",
-            verdict="requested", question=body.question, sql=body.sql,
-            sql_hash=sql_hash(body.sql),
-            detail={k: v for k, v in detail.items() if v is not None},
-        )  # fmt: skip
-        try:
-            await publish(bus_of().js, subjects.audit("review", who.tenant), event, timeout=5.0)
-        except Exception as exc:
-            log.warning("edge.review_failed", error=repr(exc)[:200])
-            raise ApiError(503, "the review request could not be stored",
-                           "service_unavailable_error", "no_capacity") from None  # fmt: skip
-        return JSONResponse(ReviewQueued(review_id=rid).model_dump(), 202)
 
 
 async def read_workers(bus: Bus, now: float) -> list[WorkerRow]:
@@ -249,15 +134,13 @@ async def _read_bucket(bus: Bus, bucket: str, keys: str, model: type[M]) -> list
             )
     except (TimeoutError, nats.errors.TimeoutError):
         # Half a list would read as "these are all the workers": say it failed instead.
-        raise ApiError(503, f"fleet state ({bucket}) could not be read in time",
-                       "service_unavailable_error", "no_capacity") from None  # fmt: skip
+        raise Unavailable(f"fleet state ({bucket}) could not be read in time") from None
     out: list[M] = []
     for subject, msg in zip(found, stored, strict=True):
         if isinstance(msg, nats.js.errors.NotFoundError):
             continue  # expired or purged between the listing and the read
         if isinstance(msg, BaseException):
-            raise ApiError(503, f"fleet state ({bucket}) could not be read",
-                           "service_unavailable_error", "no_capacity") from msg  # fmt: skip
+            raise Unavailable(f"fleet state ({bucket}) could not be read") from msg
         if not msg.data or (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
             continue
         try:

@@ -13,27 +13,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from typing import Literal
 
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from services.edge.errors import ApiError
 from switchyard import subjects
 from switchyard.bus.connection import Bus
+from switchyard.bus.topology import IDEMPOTENCY_BUCKET
 from switchyard.codec import decode, encode
-from switchyard.envelope import Model, RequestId, Token
 from switchyard.errors import DecodeError
+from switchyard.messages.idempotency import Claim
 from switchyard.messages.inference import GenerateResult, Workload
 
-BUCKET = "idempotency"
-
-
-class Claim(Model):
-    request_id: RequestId
-    fingerprint: Token
-    state: Literal["running", "done"] = "running"
-    result: GenerateResult | None = None
+CLAIM_ATTEMPTS = 3  # a key released between our create and our read is claimed afresh
 
 
 def fingerprint(body: bytes) -> str:
@@ -51,18 +45,24 @@ class Idempotency:
 
     async def kv(self) -> KeyValue:
         if self._kv is None:
-            self._kv = await self.bus.js.key_value(BUCKET)
+            self._kv = await self.bus.js.key_value(IDEMPOTENCY_BUCKET)
         return self._kv
 
     async def claim(self, tenant: str, key: str, claim: Claim) -> tuple[Claim, bool]:
         """(the claim in force, whether it is ours)."""
         kv = await self.kv()
-        with contextlib.suppress(KeyWrongLastSequenceError):
-            await kv.create(kv_key(tenant, key), encode(claim))
-            return claim, True
-        entry = await kv.get(kv_key(tenant, key))
-        assert entry.value is not None
-        return decode(entry.value, Claim), False
+        name = kv_key(tenant, key)
+        for _ in range(CLAIM_ATTEMPTS):
+            with contextlib.suppress(KeyWrongLastSequenceError):
+                await kv.create(name, encode(claim))
+                return claim, True
+            # Held: read whose. A holder that released it in between: try again.
+            with contextlib.suppress(KeyNotFoundError):
+                entry = await kv.get(name)
+                if entry.value:
+                    return decode(entry.value, Claim), False
+        raise ApiError(409, "the Idempotency-Key is being claimed and released; retry",
+                       code="idempotency")  # fmt: skip
 
     async def finish(self, tenant: str, key: str, claim: Claim, result: GenerateResult) -> None:
         kv = await self.kv()

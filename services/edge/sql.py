@@ -25,7 +25,7 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from services.edge import sse
-from services.edge.errors import ApiError
+from services.edge.errors import ApiError, ClientGone, Unavailable
 from switchyard import subjects
 from switchyard.bus.connection import Bus
 from switchyard.codec import encode
@@ -133,8 +133,7 @@ def transport_error(exc: BaseException) -> ApiError:
     if isinstance(exc, SwitchyardError):
         return ApiError.from_info(ErrorInfo(code=exc.code, reason=exc.reason[:1000]))
     log.warning("edge.sql.bus_error", error=repr(exc)[:200])
-    return ApiError(503, "the question could not be sent", "service_unavailable_error",
-                    "no_capacity")  # fmt: skip
+    return Unavailable("the question could not be sent")
 
 
 class SqlReply:
@@ -193,7 +192,7 @@ async def wait_answer(reply: SqlReply, request: Request) -> SqlAnswer:
             raise transport_error(exc) from None
         if item is None:
             if await request.is_disconnected():
-                raise ApiError(499, "client disconnected", "cancelled_error", "cancelled")
+                raise ClientGone()
         elif isinstance(item, SqlAnswer):
             err = answer_failure(item)
             if err is not None:

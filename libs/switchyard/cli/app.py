@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from services.edge import cli as edge_cli
 from switchyard.cli import (
     agent_commands,
     audit_commands,
     bench_commands,
     bus_commands,
+    edge_commands,
     forensics_commands,
     metrics_commands,
     plan_commands,
@@ -32,7 +32,7 @@ sql_commands.register(app)
 audit_commands.register(app)
 forensics_commands.register(app)
 plan_commands.register(app)
-edge_cli.register(app)
+edge_commands.register(app)
 simserver_commands.register(app)
 metrics_commands.register(app)
 

@@ -5,7 +5,7 @@ Routes: `POST /v1/chat/completions` (streaming or not), `GET /v1/models`, `GET /
 `POST /sim/reset` (a cold engine) and `GET /sim/timings` (the modelled timings of the
 requests served since the last reset).
 
-The request and response shapes are the edge's (`services/edge/openai_compat.py`), so the
+The request and response shapes are the edge's (`switchyard.openai_compat`), so the
 two OpenAI surfaces of the project validate the same way. The session a request belongs to
 is its `X-Session-ID` header, else its `user` field (the engine only records it).
 """
@@ -25,7 +25,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from services.edge.openai_compat import (
+from switchyard.engines.base import Delta, EngineError, EngineRequest
+from switchyard.engines.sim import SimSettings
+from switchyard.messages.inference import ChatMessage, Image
+from switchyard.openai_compat import (
     AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
@@ -36,11 +39,9 @@ from services.edge.openai_compat import (
     FinishReason,
     ModelCard,
     ModelList,
+    completion_id,
 )
-from services.edge.openai_compat import Delta as ChunkDelta
-from switchyard.engines.base import Delta, EngineError, EngineRequest
-from switchyard.engines.sim import SimSettings
-from switchyard.messages.inference import ChatMessage, Image
+from switchyard.openai_compat import Delta as ChunkDelta
 from switchyard.simserver.frames import split_frames
 from switchyard.simserver.metrics import SimCollector
 from switchyard.simserver.state import SimServerState
@@ -163,7 +164,7 @@ def create_app(settings: SimSettings, model: str = "sim") -> FastAPI:
             await stream.aclose()
             return _error(400, str(e))
         created = int(time.time())
-        cid = f"chatcmpl-{req.request_id}"
+        cid = completion_id(req.request_id)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from services.edge.auth import hash_key
+from switchyard.apikeys import hash_key
 
 app = typer.Typer(help="The HTTP edge.", no_args_is_help=True)
 

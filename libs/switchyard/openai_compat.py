@@ -1,5 +1,11 @@
 """OpenAI chat-completions shapes: the request we accept and what we answer.
 
+Both OpenAI surfaces of the project speak them: the edge (`services/edge`, in front of
+the fleet) and `sy sim-server` (one simulated vLLM engine), so the two validate and
+answer the same way. They live in the core library, beside the code they convert to
+(`messages.inference`), and not in `messages/`: those are the fleet's bus contracts,
+published in `proto/`, while these are an HTTP wire format the fleet never carries.
+
 Unknown request fields are ignored (as OpenAI's SDKs send optional extras such
 as `user`), but every field we act on is validated and capped here, so a bad
 request is a 422 with the offending field named before anything reaches the bus.

@@ -1,0 +1,101 @@
+"""`POST /v1/agent/step`: one agent step, 1-2 frames -> the next action (see `edge.agent`)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import JSONResponse
+
+from services.edge import metrics
+from services.edge.agent import (
+    AGENT_STATUS,
+    AgentStepResponse,
+    StepInput,
+    check_frames,
+    openapi_request_body,
+    parse_json,
+    parse_multipart,
+    replay_failure,
+    response_of,
+)
+from services.edge.errors import API_ERRORS, ApiError, Forbidden
+from services.edge.lifecycle import Replay, request_lifecycle
+from services.edge.state import State, Who, request_id, traceparent
+from switchyard.messages.agent import AgentStep, RawFrame
+
+router = APIRouter(tags=["agent"])
+
+
+@router.post(
+    "/v1/agent/step",
+    response_model=AgentStepResponse,
+    responses=API_ERRORS,
+    openapi_extra=openapi_request_body(),
+)
+async def agent_step(
+    request: Request,
+    state: State,
+    who: Who,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> Response:
+    """One agent step: 1-2 frames (JSON base64 or multipart files) -> the next action.
+
+    Errors: 409 `stale` (frame older than `stale_after`), 413 `oversized` (body,
+    frame bytes, pixels, decompression bomb), 422 typed (`invalid_request`,
+    `truncated`, ...) for a frame that is not a usable image, 429 `over_quota`
+    with Retry-After, 503 `no_capacity`, 504 `expired` (deadline).
+    """
+    started = time.perf_counter()
+    settings = state.settings
+    if not who.may_use_pool(settings.agent_pool):
+        raise Forbidden("this key may not use the agent pool")
+    raw = await request.body()
+    ctype = request.headers.get("content-type", "")
+    if ctype.lower().startswith("multipart/form-data"):
+        step_in = parse_multipart(ctype, raw)
+    elif ctype.lower().startswith("application/json") or not ctype:
+        step_in = parse_json(raw)
+    else:
+        raise ApiError(415, f"unsupported content type {ctype[:100]!r}", code="invalid_request")
+    check_frames(step_in.frames, settings.max_frame_bytes)
+    f = step_in.fields
+    step = AgentStep(
+        id=request_id(request), tenant=who.tenant, session=f.session, frame_ts=f.frame_ts,
+        step=f.step, stale_after=f.stale_after, goal=f.goal, history=f.history,
+        options=f.options,
+        frames=[RawFrame(data=data, mime=mime[:100] or "application/octet-stream")
+                for data, mime in step_in.frames],
+        deadline=time.time() + settings.agent_timeout, trace=traceparent(request),
+    )  # fmt: skip
+
+    async with request_lifecycle(
+        state, request, "agent", step, key=idempotency_key,
+        fingerprint=step_fingerprint(step_in), statuses=AGENT_STATUS,
+    ) as flight:  # fmt: skip
+        if isinstance(flight, Replay):
+            return await replay(flight, step_in, started)
+        result = await flight.result()
+        out = response_of(result, f, time.perf_counter() - started, time.time())
+        await flight.finish(result)
+    metrics.completion_tokens(who.tenant, result.usage.completion_tokens)
+    return JSONResponse(out.model_dump(mode="json"))
+
+
+async def replay(retry: Replay, step_in: StepInput, started: float) -> Response:
+    """A retried step (same tenant, same key): the original's answer, never a new run."""
+    result = await retry.result()
+    if result.status != "ok":
+        raise replay_failure(result)
+    out = response_of(result, step_in.fields, time.perf_counter() - started, time.time())
+    return JSONResponse(out.model_dump(mode="json"), headers=retry.headers)
+
+
+def step_fingerprint(step_in: StepInput) -> str:
+    """The same step in either encoding has the same fingerprint."""
+    digest = hashlib.sha256(step_in.fields.model_dump_json().encode())
+    for data, _ in step_in.frames:
+        digest.update(hashlib.sha256(data).digest())
+    return digest.hexdigest()[:64]

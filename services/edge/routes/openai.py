@@ -1,0 +1,207 @@
+"""OpenAI's API: `GET /v1/models` and `POST /v1/chat/completions` (JSON or SSE).
+
+A chat request becomes a `ChatRequest` on `llm.in.<tenant>` (tenant from the API key,
+never the body) and the token frames coming back are rendered as an OpenAI chat
+completion or as SSE chunks. A stream waits up to `first_frame_grace` for its first
+frame before committing to a 200, so the router's refusals are real HTTP statuses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from services.edge import metrics, sse
+from services.edge.errors import API_ERRORS, ApiError, Forbidden
+from services.edge.idempotency import fingerprint
+from services.edge.lifecycle import (
+    POLL,
+    Flight,
+    Replay,
+    failure,
+    request_lifecycle,
+    transport_failure,
+)
+from services.edge.state import State, Who, request_id, traceparent
+from switchyard.errors import SwitchyardError
+from switchyard.messages.inference import ChatRequest, GenerateResult, TokenFrame
+from switchyard.openai_compat import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChunkChoice,
+    CompletionUsage,
+    Delta,
+    FinishReason,
+    ModelCard,
+    ModelList,
+    completion,
+    completion_id,
+    finish_reason,
+    usage_of,
+)
+
+router = APIRouter(tags=["openai"])
+
+
+@router.get("/v1/models", response_model=ModelList, responses=API_ERRORS)
+async def models(state: State, who: Who) -> ModelList:
+    served = state.settings.models
+    return ModelList(data=[ModelCard(id=m) for m in served if who.may_use_model(m)])
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletion,
+    responses={
+        **API_ERRORS,
+        200: {"content": {"text/event-stream": {}}, "description": "Completion or SSE"},
+    },
+)
+async def chat_completions(
+    body: ChatCompletionRequest,
+    request: Request,
+    state: State,
+    who: Who,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> Response:
+    settings = state.settings
+    if body.model not in settings.models:
+        raise ApiError(404, f"model {body.model!r} does not exist", code="model_not_found")
+    if not who.may_use_model(body.model) or not who.may_use_pool(settings.chat_pool):
+        raise Forbidden(f"this key may not use model {body.model!r}")
+    try:
+        chat = ChatRequest(
+            id=request_id(request), tenant=who.tenant, model=body.model,
+            messages=body.chat_messages(settings.max_message_chars),
+            sampling=body.sampling(settings.default_max_tokens, settings.max_tokens_cap),
+            constraint=body.constraint(), stream=bool(body.stream),
+            deadline=time.time() + settings.request_timeout, trace=traceparent(request),
+        )  # fmt: skip
+    except ValueError as exc:
+        raise ApiError(422, str(exc).splitlines()[0] if str(exc) else "invalid") from None
+
+    async with contextlib.AsyncExitStack() as lifecycle:
+        flight = await lifecycle.enter_async_context(
+            request_lifecycle(
+                state, request, "llm", chat, key=idempotency_key,
+                fingerprint=fingerprint(body.model_dump_json().encode()),
+            )
+        )  # fmt: skip
+        if isinstance(flight, Replay):
+            return await replay(flight, body)
+        if not body.stream:
+            result = await flight.result()
+            await flight.finish(result)
+            metrics.completion_tokens(who.tenant, result.usage.completion_tokens)
+            return JSONResponse(completion(flight.request_id, body.model, result).model_dump())
+        first = await flight.next(settings.first_frame_grace)
+        if first is not None and first.type != "delta":
+            raise failure(first)
+        # From here the stream owns the request: its end (done, failed, client gone)
+        # runs the lifecycle's clean-up, not this function's return.
+        events = stream(flight, lifecycle.pop_all(), body, first)
+        return StreamingResponse(events, media_type="text/event-stream", headers=sse.HEADERS)
+
+
+class _Chunks:
+    """The chunks of one streamed completion (one id and `created` for all of them)."""
+
+    def __init__(self, request_id: str, model: str) -> None:
+        self.id, self.created, self.model = completion_id(request_id), int(time.time()), model
+
+    def event(
+        self,
+        delta: Delta,
+        reason: FinishReason | None = None,
+        usage: CompletionUsage | None = None,
+    ) -> str:
+        return sse.event(self.chunk(delta, reason, usage))
+
+    def chunk(
+        self,
+        delta: Delta,
+        reason: FinishReason | None = None,
+        usage: CompletionUsage | None = None,
+    ) -> ChatCompletionChunk:
+        # The usage chunk has no choices, as OpenAI sends it.
+        choices = [] if usage is not None else [ChunkChoice(delta=delta, finish_reason=reason)]
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+
+
+async def stream(
+    flight: Flight,
+    lifecycle: contextlib.AsyncExitStack,
+    body: ChatCompletionRequest,
+    first: TokenFrame | None,
+) -> AsyncIterator[str]:
+    """The SSE body: a role chunk, a chunk per delta, the finish (and usage) chunk,
+    `[DONE]`; a heartbeat comment after each `sse_heartbeat` s of silence."""
+    chunks = _Chunks(flight.request_id, body.model)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    heartbeat = flight.state.settings.sse_heartbeat
+    async with lifecycle:
+        yield chunks.event(Delta(role="assistant", content=""))
+        frame, silent_since = first, time.monotonic()
+        while True:
+            if frame is None:
+                if await flight.request.is_disconnected():
+                    return  # leaving the lifecycle cancels the request
+                if time.monotonic() - silent_since >= heartbeat:
+                    silent_since = time.monotonic()
+                    yield sse.HEARTBEAT
+            elif frame.type == "delta":
+                silent_since = time.monotonic()
+                if frame.text:
+                    yield chunks.event(Delta(content=frame.text))
+            elif frame.type == "end" and frame.result and frame.result.status == "ok":
+                result = frame.result
+                await flight.finish(result)
+                metrics.completion_tokens(flight.tenant, result.usage.completion_tokens)
+                yield chunks.event(Delta(), finish_reason(result))
+                if include_usage:
+                    yield chunks.event(Delta(), usage=usage_of(result))
+                break
+            else:
+                yield sse.event(failure(frame).body(flight.request_id))
+                break
+            try:
+                frame = await flight.next(POLL)
+            except SwitchyardError as exc:
+                yield sse.event(transport_failure(exc).body(flight.request_id))
+                break
+        yield sse.DONE
+
+
+async def replay(retry: Replay, body: ChatCompletionRequest) -> Response:
+    """A retry with a known Idempotency-Key: the original's result, never a new run."""
+    result = await retry.result()
+    if result.status != "ok":
+        raise ApiError.from_result(result)
+    rid = retry.original.request_id
+    if not body.stream:
+        return JSONResponse(completion(rid, body.model, result).model_dump(), headers=retry.headers)
+    return Response(
+        replayed_stream(rid, body, result),
+        media_type="text/event-stream",
+        headers={**sse.HEADERS, **retry.headers},
+    )
+
+
+def replayed_stream(request_id: str, body: ChatCompletionRequest, result: GenerateResult) -> str:
+    """A finished result as a whole SSE body: all of its text in one delta."""
+    chunks = _Chunks(request_id, body.model)
+    parts = [
+        chunks.chunk(Delta(role="assistant", content=result.text)),
+        chunks.chunk(Delta(), finish_reason(result)),
+    ]
+    if body.stream_options and body.stream_options.include_usage:
+        parts.append(chunks.chunk(Delta(), usage=usage_of(result)))
+    return "".join(sse.event(p) for p in parts) + sse.DONE
