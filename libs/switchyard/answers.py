@@ -1,4 +1,4 @@
-"""Answering a request exactly once, whoever answers it (router or worker).
+"""Answering a request exactly once, whoever answers it (preprocessor, router or worker).
 
 The result goes to `RES` first, deduplicated by `res-<request id>`: if an
 earlier attempt (a worker that died after answering, a router restarted
@@ -17,6 +17,7 @@ from nats.js import JetStreamContext
 from switchyard import subjects
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamWriter
+from switchyard.envelope import Envelope
 from switchyard.messages.inference import (
     ErrorInfo,
     GenerateRequest,
@@ -24,6 +25,7 @@ from switchyard.messages.inference import (
     ResultStatus,
     Route,
     Timings,
+    Workload,
 )
 
 
@@ -46,18 +48,39 @@ def result_for(
     req: GenerateRequest, status: ResultStatus, error: ErrorInfo | None = None, **fields: object
 ) -> GenerateResult:
     now = time.time()
-    since = req.admitted_at or req.created_at
-    fields.setdefault("timings", Timings(queue=max(0.0, now - since), total=max(0.0, now - since)))
     fields.setdefault("route", route_of(req, now))
+    return _result(req, req.workload, req.admitted_at or req.created_at, now, status, error, fields)
+
+
+def refusal_for(
+    message: Envelope, workload: Workload, pool: str, status: ResultStatus, error: ErrorInfo
+) -> GenerateResult:
+    """The answer to a message refused before it became a `GenerateRequest` (an agent step
+    the preprocessor will not prepare): its route has no hop between creation and the end."""
+    now = time.time()
+    route = Route(pool=pool, created_at=message.created_at, finished_at=now)
+    return _result(message, workload, message.created_at, now, status, error, {"route": route})
+
+
+def _result(
+    message: Envelope,
+    workload: Workload,
+    since: float,
+    now: float,
+    status: ResultStatus,
+    error: ErrorInfo | None,
+    fields: dict[str, object],
+) -> GenerateResult:
+    fields.setdefault("timings", Timings(queue=max(0.0, now - since), total=max(0.0, now - since)))
     if status in ("cancelled", "expired", "stale"):
         fields.setdefault("finish_reason", "abort")
     return GenerateResult(
-        tenant=req.tenant,
-        session=req.session,
-        frame_ts=req.frame_ts,
-        trace=req.trace,
-        request_id=req.id,
-        workload=req.workload,
+        tenant=message.tenant,
+        session=message.session,
+        frame_ts=message.frame_ts,
+        trace=message.trace,
+        request_id=message.id,
+        workload=workload,
         status=status,
         error=error,
         **fields,  # type: ignore[arg-type]
@@ -67,16 +90,20 @@ def result_for(
 async def answer(
     nc: Client,
     js: JetStreamContext,
-    req: GenerateRequest,
     result: GenerateResult,
+    reply: str | None,
     writer: TokenStreamWriter | None = None,
 ) -> bool:
-    """Publish `result` and end the reply stream; False if it was already answered."""
-    ack = await publish(js, subjects.res(req.workload, req.tenant), result, msg_id=f"res-{req.id}")
+    """Publish `result` and end the reply stream (`writer`, if one is already open on
+    `reply`); False if the request was already answered."""
+    ack = await publish(
+        js, subjects.res(result.workload, result.tenant), result, msg_id=f"res-{result.request_id}"
+    )
     if ack.duplicate:
         return False
-    if req.reply:
-        writer = writer or TokenStreamWriter(nc, req.reply)
+    if writer is None and reply:
+        writer = TokenStreamWriter(nc, reply)
+    if writer is not None:
         if result.status in ("rejected", "error") and result.error is not None:
             await writer.error(result.error)
         else:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
 
 import msgpack
 from nats.aio.msg import Msg
@@ -25,11 +24,12 @@ from services.preprocessor.layout import estimate_prompt_tokens
 from services.preprocessor.settings import PreprocessorSettings
 from switchyard import subjects
 from switchyard.agentprompt import build_messages
-from switchyard.answers import answer, result_for
+from switchyard.answers import answer, refusal_for
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import PullLoop, RetryPolicy
 from switchyard.bus.publish import publish
 from switchyard.codec import decode
+from switchyard.envelope import Envelope
 from switchyard.errors import DecodeError, ErrorCode
 from switchyard.logging import bind_request, get_logger
 from switchyard.messages.agent import AgentStep, answer_schema
@@ -92,33 +92,21 @@ def to_generate(
     )  # fmt: skip
 
 
-def refusal_view(fields: dict[str, Any]) -> GenerateRequest:
-    """A request-shaped view of a step that will not be prepared, for `answer`."""
-    return GenerateRequest(workload="agent", prompt="(refused agent step)", **fields)
-
-
-def _envelope_fields(step: AgentStep) -> dict[str, Any]:
-    keep = ("id", "tenant", "created_at", "session", "frame_ts", "reply", "trace")
-    return {k: getattr(step, k) for k in keep}
-
-
 async def _refuse(
-    bus: Bus, fields: dict[str, Any], status: ResultStatus, code: ErrorCode, reason: str
+    bus: Bus, step: Envelope, pool: str, status: ResultStatus, code: ErrorCode, reason: str
 ) -> None:
-    view = refusal_view(fields)
-    await answer(
-        bus.nc, bus.js, view, result_for(view, status, ErrorInfo(code=code, reason=reason))
-    )
+    """Answer a step that will not become a request, on `RES` and its reply inbox."""
+    error = ErrorInfo(code=code, reason=reason)
+    await answer(bus.nc, bus.js, refusal_for(step, "agent", pool, status, error), step.reply)
 
 
-def _fields_of_undecodable(data: bytes) -> dict[str, Any] | None:
+def _envelope_of_undecodable(data: bytes) -> Envelope | None:
     """Enough of a broken step to answer it (id, tenant, reply), if those parts are sound."""
     with contextlib.suppress(Exception):
         raw = msgpack.unpackb(data, raw=False)
         fields = {k: raw[k] for k in ("id", "tenant", "reply") if isinstance(raw.get(k), str)}
         if len(fields) == 3:
-            refusal_view(fields)  # validates the three
-            return fields
+            return Envelope(kind="agent.step", **fields)  # validates the three
     return None
 
 
@@ -132,24 +120,26 @@ async def run_agent(bus: Bus, stop: asyncio.Event, settings: PreprocessorSetting
             age = time.time() - step.frame_ts
             if age > step.stale_after:
                 reason = f"frame is {age:.3f}s old at preprocessing, budget {step.stale_after:.3f}s"
-                await _refuse(bus, _envelope_fields(step), "stale", "stale", reason)
+                await _refuse(bus, step, settings.agent_pool, "stale", "stale", reason)
                 return
             prepared = await preparer.prepare_all([f.data for f in step.frames])
             if isinstance(prepared, FrameRejected):
                 log.info("agent.frame_rejected", code=prepared.code, reason=prepared.reason)
-                fields = _envelope_fields(step)
-                await _refuse(bus, fields, "rejected", prepared.code, prepared.reason)
+                pool = settings.agent_pool
+                await _refuse(bus, step, pool, "rejected", prepared.code, prepared.reason)
                 return
             req = to_generate(step, prepared, settings)
             await publish(bus.js, subjects.req("agent", req.tenant), req, msg_id=req.id)
 
     async def on_give_up(msg: Msg, code: ErrorCode, reason: str) -> None:
+        step: Envelope | None
         try:
-            fields: dict[str, Any] | None = _envelope_fields(decode(msg.data, AgentStep))
+            step = decode(msg.data, AgentStep)
         except DecodeError:
-            fields = _fields_of_undecodable(msg.data)
-        if fields is not None:
-            await _refuse(bus, fields, "rejected" if code != "internal" else "error", code, reason)
+            step = _envelope_of_undecodable(msg.data)
+        if step is not None:
+            status: ResultStatus = "rejected" if code != "internal" else "error"
+            await _refuse(bus, step, settings.agent_pool, status, code, reason)
 
     loop = PullLoop(
         bus.js, "INGRESS", AGENT_DURABLE, on_step, on_give_up=on_give_up,

@@ -40,7 +40,7 @@ async def run_chat(bus: Bus, stop: asyncio.Event, settings: PreprocessorSettings
         with contextlib.suppress(DecodeError):
             req = to_generate(decode(msg.data, ChatRequest), settings.chat_pool)
             error = ErrorInfo(code=code, reason=reason)
-            await answer(bus.nc, bus.js, req, result_for(req, "error", error))
+            await answer(bus.nc, bus.js, result_for(req, "error", error), req.reply)
 
     loop = PullLoop(
         bus.js, "INGRESS", CHAT_DURABLE, on_chat, on_give_up=on_give_up,

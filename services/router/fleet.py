@@ -14,13 +14,24 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 from nats.js.kv import KeyValue
 
+from switchyard.bus.topology import ASSIGNMENTS_BUCKET, WORKERS_BUCKET
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError
 from switchyard.logging import get_logger
-from switchyard.messages.fleet import Assignment, WorkerHeartbeat
+from switchyard.messages.fleet import Assignment, WorkerHeartbeat, assignment_key
 from switchyard.scheduling.placement import Move, Placement, WorkerView
 
 log = get_logger(__name__)
+
+
+class FleetNotOpen(RuntimeError):
+    """A KV read or write before `Fleet.open()`: the router's wiring is wrong."""
+
+
+def _opened(kv: KeyValue | None) -> KeyValue:
+    if kv is None:
+        raise FleetNotOpen("Fleet.open() must be awaited first")
+    return kv
 
 
 class Fleet:
@@ -33,13 +44,13 @@ class Fleet:
         self._revisions: dict[str, int] = {}
 
     async def open(self) -> None:
-        self._workers_kv = await self.js.key_value("fleet_workers")
-        self._assign_kv = await self.js.key_value("fleet_assignments")
+        self._workers_kv = await self.js.key_value(WORKERS_BUCKET)
+        self._assign_kv = await self.js.key_value(ASSIGNMENTS_BUCKET)
 
     async def refresh_workers(self) -> None:
-        assert self._workers_kv is not None
+        workers_kv = _opened(self._workers_kv)
         try:
-            keys = await self._workers_kv.keys()
+            keys = await workers_kv.keys()
         except NoKeysError:
             keys = []
         # keys() lists through a watch that can end before an entry being rewritten shows
@@ -49,7 +60,7 @@ class Fleet:
         seen: dict[str, WorkerHeartbeat] = {}
         for key in keys:
             with contextlib.suppress(KeyNotFoundError):
-                entry = await self._workers_kv.get(key)
+                entry = await workers_kv.get(key)
                 if entry.value:
                     try:
                         seen[key] = decode(entry.value, WorkerHeartbeat)
@@ -67,12 +78,12 @@ class Fleet:
         return [WorkerView(hb.worker, hb.slots, hb.draining) for hb in self.live(pool)]
 
     async def load_assignment(self, pool: str, placement: Placement) -> None:
-        assert self._assign_kv is not None
+        assign_kv = _opened(self._assign_kv)
         placement.assignment.clear()
         for p in range(placement.partitions):
-            key = f"{pool}.p{p}"
+            key = assignment_key(pool, p)
             try:
-                entry = await self._assign_kv.get(key)
+                entry = await assign_kv.get(key)
             except KeyNotFoundError:
                 self._revisions.pop(key, None)
                 continue
@@ -83,8 +94,8 @@ class Fleet:
 
     async def write(self, pool: str, move: Move) -> bool:
         """CAS-write one move; False if another router changed the key first."""
-        assert self._assign_kv is not None
-        key = f"{pool}.p{move.partition}"
+        assign_kv = _opened(self._assign_kv)
+        key = assignment_key(pool, move.partition)
         value = encode(
             Assignment(
                 pool=pool, partition=move.partition, worker=move.dst, at=time.time(),
@@ -93,11 +104,9 @@ class Fleet:
         )  # fmt: skip
         try:
             if key in self._revisions:
-                self._revisions[key] = await self._assign_kv.update(
-                    key, value, last=self._revisions[key]
-                )
+                self._revisions[key] = await assign_kv.update(key, value, last=self._revisions[key])
             else:
-                self._revisions[key] = await self._assign_kv.create(key, value)
+                self._revisions[key] = await assign_kv.create(key, value)
         except KeyWrongLastSequenceError:
             return False
         except Exception as exc:  # create() on an existing key raises a bad-request API error

@@ -27,10 +27,11 @@ from switchyard.bus.consumer import dead_letter, fetch_ready
 from switchyard.bus.publish import publish
 from switchyard.bus.topology import ROUTER_DURABLE
 from switchyard.codec import decode
-from switchyard.errors import DecodeError, ErrorCode
+from switchyard.errors import DecodeError
 from switchyard.logging import bind_request, get_logger
-from switchyard.messages.inference import ErrorInfo, GenerateRequest, GenerateResult, ResultStatus
+from switchyard.messages.inference import GenerateRequest, GenerateResult
 from switchyard.partition import partition
+from switchyard.requestpolicy import Refusal, Tombstones, verdict
 from switchyard.scheduling.admission import Admission
 from switchyard.scheduling.fair import FairQueue, Item
 from switchyard.scheduling.placement import Placement
@@ -72,14 +73,19 @@ class Router:
             aging=settings.aging, locality_bound=settings.locality_bound,
         )  # fmt: skip
         self.placements = {
-            pool: Placement(settings.partitions, settings.epsilon, settings.spill_cooldown)
+            pool: Placement(
+                settings.partitions,
+                settings.epsilon,
+                settings.spill_cooldown,
+                spill_epsilon=settings.spill_epsilon,
+            )
             for pool in settings.pools
         }
         self.fleet = Fleet(bus.js, settings.dead_after)
         self.outstanding: dict[str, Outstanding] = {}
         self.load: dict[tuple[str, int], tuple[float, float]] = {}  # EWMA tokens/s, updated at
         self.warm: dict[str, float] = {}  # session -> last dispatch
-        self.cancelled: dict[str, float] = {}
+        self.cancelled = Tombstones()  # cancels of requests not (yet) queued here
         self.labels = metrics.tenant_labels(settings.top_tenants)
         self.queue_gauges = metrics.QueueGauges(self.labels)
         self.wake = asyncio.Event()
@@ -91,7 +97,7 @@ class Router:
         for pool, placement in self.placements.items():
             await self.fleet.load_assignment(pool, placement)
         subs = [
-            await self.bus.nc.subscribe("res.>", cb=self._on_result),
+            await self.bus.nc.subscribe(subjects.RES_ALL, cb=self._on_result),
             await self.bus.nc.subscribe(subjects.CANCEL_ALL, cb=self._on_cancel),
         ]
         tasks = [
@@ -143,7 +149,7 @@ class Router:
             )
             return
         with bind_request(req.id, req.tenant, req.trace):
-            queued = self.queue._index.get(req.id)
+            queued = self.queue.get(req.id)
             if queued is not None:  # redelivered while we still hold it: keep the newer handle
                 queued.payload.msg = msg
                 return
@@ -151,56 +157,47 @@ class Router:
                 await msg.ack()  # already dispatched; WORK dedupe covers a re-publish anyway
                 return
             if req.pool not in self.placements:
-                await self._refuse(req, msg, "rejected", "invalid_request",
-                                   f"unknown pool {req.pool!r}")  # fmt: skip
+                unknown = Refusal("rejected", "invalid_request", f"unknown pool {req.pool!r}")
+                await self._refuse(req, msg, unknown)
                 return
             if req.id in self.cancelled:
-                await self._refuse(req, msg, "cancelled", "cancelled", "cancelled before admission")
+                before = Refusal("cancelled", "cancelled", "cancelled before admission")
+                await self._refuse(req, msg, before)
                 return
-            verdict = self.admission.admit(
+            admitted = self.admission.admit(
                 req.tenant, req.id, req.prompt_tokens, req.sampling.max_tokens, req.priority
             )
             label = self.labels(req.tenant)
-            if not verdict.ok:
-                assert verdict.code is not None
-                metrics.REJECTED_TOKENS.labels(label, verdict.code).inc(
+            if admitted.code is not None:
+                metrics.REJECTED_TOKENS.labels(label, admitted.code).inc(
                     req.prompt_tokens + req.sampling.max_tokens
                 )
-                await self._refuse(
-                    req, msg, "rejected", verdict.code, verdict.reason, verdict.retry_after
-                )
+                refused = Refusal("rejected", admitted.code, admitted.reason, admitted.retry_after)
+                await self._refuse(req, msg, refused)
                 return
             metrics.ADMITTED_TOKENS.labels(label, "input").inc(req.prompt_tokens)
             metrics.ADMITTED_TOKENS.labels(label, "output").inc(req.sampling.max_tokens)
             now = time.time()
-            admitted = req.model_copy(
-                update={"admitted_at": req.admitted_at or now, "priority": verdict.priority}
+            stamped = req.model_copy(
+                update={"admitted_at": req.admitted_at or now, "priority": admitted.priority}
             )
             key = req.session or req.tenant
             self.queue.push(
                 Item(
-                    request_id=req.id, tenant=req.tenant, priority=verdict.priority,
+                    request_id=req.id, tenant=req.tenant, priority=admitted.priority,
                     prompt_tokens=req.prompt_tokens, max_tokens=req.sampling.max_tokens,
                     partition=partition(key, self.s.partitions), enqueued_at=now,
-                    payload=Queued(admitted, msg, now),
+                    payload=Queued(stamped, msg, now),
                 )
             )  # fmt: skip
             self.wake.set()
 
-    async def _refuse(
-        self,
-        req: GenerateRequest,
-        msg: Msg,
-        status: ResultStatus,
-        code: ErrorCode,
-        reason: str,
-        retry_after: float | None = None,
-    ) -> None:
-        error = ErrorInfo(code=code, reason=reason, retry_after=retry_after)
-        await answer(self.bus.nc, self.bus.js, req, result_for(req, status, error))
+    async def _refuse(self, req: GenerateRequest, msg: Msg, refusal: Refusal) -> None:
+        result = result_for(req, refusal.status, refusal.error)
+        await answer(self.bus.nc, self.bus.js, result, req.reply)
         await msg.ack()
-        metrics.ANSWERED.labels(status).inc()
-        log.info("router.answered", status=status, code=code, reason=reason)
+        metrics.ANSWERED.labels(refusal.status).inc()
+        log.info("router.answered", status=refusal.status, code=refusal.code, reason=refusal.reason)
 
     # -- dispatch: fair queue -> WORK, within credit -------------------------------------
 
@@ -228,22 +225,24 @@ class Router:
     async def _dispatch_round(self) -> None:
         """Dispatch, in fair order, everything that has credit now."""
         credit = {pool: self._free_credit(pool) for pool in self.placements}
+        owners: dict[str, str] = {}  # request id -> the worker `can_run` found with credit
         now = time.time()
 
         def can_run(item: Item[Queued]) -> bool:
             pool = item.payload.req.pool
             owner = self.placements[pool].owner(item.partition)
-            return owner is not None and credit[pool].get(owner, 0) > 0
+            if owner is None or credit[pool].get(owner, 0) <= 0:
+                return False
+            owners[item.request_id] = owner
+            return True
 
         def warm(item: Item[Queued]) -> bool:
             session = item.payload.req.session
             return session is not None and now - self.warm.get(session, 0) < self.s.warm_seconds
 
         while (item := self.queue.pick(can_run, warm)) is not None:
-            pool = item.payload.req.pool
-            owner = self.placements[pool].owner(item.partition)
-            assert owner is not None
-            credit[pool][owner] -= 1
+            owner = owners[item.request_id]  # `pick` only returns an item `can_run` accepted
+            credit[item.payload.req.pool][owner] -= 1
             if not await self._dispatch(item, owner):
                 return
 
@@ -252,15 +251,10 @@ class Router:
         now = time.time()
         label = self.labels.peek(req.tenant)  # its traffic was counted at admission
         with bind_request(req.id, req.tenant, req.trace):
-            age = req.frame_age(now)
-            if req.stale_after is not None and age is not None and age > req.stale_after:
+            refusal = verdict(req, now, where="at dispatch")
+            if refusal is not None:
                 self.admission.finished(req.id, None)
-                reason = f"frame is {age:.3f}s old at dispatch, budget {req.stale_after:.3f}s"
-                await self._refuse(req, msg, "stale", "stale", reason)
-                return True
-            if req.expired(now):
-                self.admission.finished(req.id, None)
-                await self._refuse(req, msg, "expired", "expired", "deadline passed in the queue")
+                await self._refuse(req, msg, refusal)
                 return True
             try:
                 # The worker reports admission -> dispatch as the router's queueing time.
@@ -299,22 +293,16 @@ class Router:
         self.queue_gauges.record(q.tenants(), q.depth, lambda t: q.counters.get(t, 0.0))
         for item in self.queue.items():
             req, msg = item.payload.req, item.payload.msg
-            age = req.frame_age(now)
-            status: ResultStatus | None = None
-            code: ErrorCode = "timeout"
-            if req.stale_after is not None and age is not None and age > req.stale_after:
-                status, code = "stale", "stale"
-                reason = f"frame is {age:.3f}s old while queued, budget {req.stale_after:.3f}s"
-            elif req.expired(now):
-                status, code, reason = "expired", "expired", "deadline passed in the queue"
-            elif now - item.enqueued_at > self.s.max_queue_seconds:
-                status, reason = "rejected", f"queued over {self.s.max_queue_seconds:.0f}s"
-            if status is None:
+            refusal = verdict(req, now, where="while queued")
+            if refusal is None and now - item.enqueued_at > self.s.max_queue_seconds:
+                waited = f"queued over {self.s.max_queue_seconds:.0f}s"
+                refusal = Refusal("rejected", "timeout", waited)
+            if refusal is None:
                 continue
             self.queue.remove(req.id)
             self.admission.finished(req.id, None)
             with bind_request(req.id, req.tenant, req.trace):
-                await self._refuse(req, msg, status, code, reason)
+                await self._refuse(req, msg, refusal)
 
     # -- results, cancels, keepalive ----------------------------------------------------
 
@@ -334,17 +322,13 @@ class Router:
         request_id = msg.subject.split(".", 1)[1]
         item = self.queue.remove(request_id)
         if item is None:
-            self.cancelled[request_id] = time.time()  # may still be on its way to us
-            cutoff = time.time() - 600
-            for rid in [r for r, at in self.cancelled.items() if at < cutoff]:
-                del self.cancelled[rid]
+            self.cancelled.add(request_id)  # may still be on its way to us
             return  # running requests: the owning worker hears the same cancel
         req = item.payload.req
         self.admission.finished(req.id, None)
         with bind_request(req.id, req.tenant, req.trace):
-            await self._refuse(
-                req, item.payload.msg, "cancelled", "cancelled", "cancelled while queued"
-            )
+            while_queued = Refusal("cancelled", "cancelled", "cancelled while queued")
+            await self._refuse(req, item.payload.msg, while_queued)
 
     async def _keepalive_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -388,14 +372,11 @@ class Router:
         now = time.time()
         for pool, placement in self.placements.items():
             views = self.fleet.views(pool)
-            placement.epsilon = self.s.epsilon
             moves = placement.reconcile(views, None, now)
             if not moves and views:
-                # Load-based spill uses its own (larger) bound: moving a partition costs
-                # its sessions their warm prefix cache.
-                placement.epsilon = self.s.spill_epsilon
+                # Only a fleet that needs no other move spills by load (with its own,
+                # larger bound: moving a partition costs its sessions their warm cache).
                 moves = placement.reconcile(views, self._loads(pool), now)
-                placement.epsilon = self.s.epsilon
             for move in moves:
                 if not await self.fleet.write(pool, move):
                     await self.fleet.load_assignment(pool, placement)

@@ -15,11 +15,10 @@ import contextlib
 import time
 from typing import TYPE_CHECKING
 
-from pydantic import Field
-
+from switchyard.bus.topology import TENANTS_BUCKET
 from switchyard.codec import encode
-from switchyard.envelope import Model, TenantId, Token, UnixTime
 from switchyard.logging import get_logger
+from switchyard.messages.fleet import TenantStatus, tenant_status_key
 
 if TYPE_CHECKING:
     from nats.js.kv import KeyValue
@@ -28,35 +27,7 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-BUCKET = "fleet_tenants"
 INTERVAL = 1.0  # s between two publications
-
-
-class TenantStatus(Model):
-    """KV `fleet_tenants` value (key `<tenant>.<router>`): one tenant at one router."""
-
-    v: int = 1
-    tenant: TenantId
-    router: Token
-    at: UnixTime
-    # Quota (per minute) and what of it is spent now: the bucket's capacity minus its
-    # level. Output tokens count `max_tokens` reserved until the request finishes.
-    itpm: int = Field(ge=1)
-    otpm: int = Field(ge=1)
-    input_used: float = Field(ge=0)
-    output_used: float = Field(ge=0)
-    inflight: int = Field(ge=0)
-    max_concurrency: int = Field(ge=1)
-    queued: int = Field(ge=0)
-    queued_tokens: int = Field(ge=0)
-    max_queued_tokens: int = Field(ge=1)
-    # How long the oldest of its queued requests has waited (0 when none waits).
-    oldest_wait: float = Field(ge=0)
-    vtc: float  # its virtual token counter in the fair queue
-
-
-def key(tenant: str, router: str) -> str:
-    return f"{tenant}.{router}"
 
 
 def snapshot(router: Router, now: float) -> list[TenantStatus]:
@@ -64,28 +35,19 @@ def snapshot(router: Router, now: float) -> list[TenantStatus]:
     oldest: dict[str, float] = {}
     for item in router.queue.items():
         oldest[item.tenant] = min(oldest.get(item.tenant, now), item.enqueued_at)
-    out = []
-    # Admission keeps its per-tenant state private; reading it here keeps the
-    # scheduling code free of console concerns.
-    for tenant, state in list(router.admission._tenants.items()):
-        p = state.policy
-        # wait_for(0) refills the bucket to `now` without taking anything.
-        state.itpm.wait_for(0, now)
-        state.otpm.wait_for(0, now)
-        out.append(
-            TenantStatus(
-                tenant=tenant, router=router.s.router_id, at=now,
-                itpm=p.itpm, otpm=p.otpm,
-                input_used=max(0.0, state.itpm.capacity - state.itpm.level),
-                output_used=max(0.0, state.otpm.capacity - state.otpm.level),
-                inflight=state.inflight, max_concurrency=p.max_concurrency,
-                queued=router.queue.depth(tenant), queued_tokens=max(0, state.queued_tokens),
-                max_queued_tokens=p.max_queued_tokens,
-                oldest_wait=max(0.0, now - oldest.get(tenant, now)),
-                vtc=router.queue.counters.get(tenant, 0.0),
-            )
-        )  # fmt: skip
-    return out
+    return [
+        TenantStatus(
+            tenant=u.tenant, router=router.s.router_id, at=now,
+            itpm=u.policy.itpm, otpm=u.policy.otpm,
+            input_used=u.input_used, output_used=u.output_used,
+            inflight=u.inflight, max_concurrency=u.policy.max_concurrency,
+            queued=router.queue.depth(u.tenant), queued_tokens=u.queued_tokens,
+            max_queued_tokens=u.policy.max_queued_tokens,
+            oldest_wait=max(0.0, now - oldest.get(u.tenant, now)),
+            vtc=router.queue.counters.get(u.tenant, 0.0),
+        )
+        for u in router.admission.usage(now)
+    ]  # fmt: skip
 
 
 async def publish_status(router: Router, stop: asyncio.Event, interval: float = INTERVAL) -> None:
@@ -95,9 +57,9 @@ async def publish_status(router: Router, stop: asyncio.Event, interval: float = 
     while not stop.is_set():
         try:
             if kv is None:
-                kv = await router.bus.js.key_value(BUCKET)
+                kv = await router.bus.js.key_value(TENANTS_BUCKET)
             for status in snapshot(router, time.time()):
-                await kv.put(key(status.tenant, status.router), encode(status))
+                await kv.put(tenant_status_key(status.tenant, status.router), encode(status))
         except Exception as exc:
             kv = None
             log.warning("router.status_failed", error=repr(exc)[:200])

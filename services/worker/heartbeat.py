@@ -14,14 +14,13 @@ from nats.js import JetStreamContext
 
 from services.worker import metrics
 from services.worker.settings import WorkerSettings
+from switchyard.bus.topology import WORKERS_BUCKET
 from switchyard.codec import encode
 from switchyard.engines.base import Engine
 from switchyard.logging import get_logger
 from switchyard.messages.fleet import WorkerHeartbeat
 
 log = get_logger(__name__)
-
-WORKERS = "fleet_workers"
 
 
 def snapshot(
@@ -35,7 +34,7 @@ def snapshot(
         engine=engine.kind,
         at=time.time(),
         partitions=partitions,
-        slots=_slots(settings, engine),
+        slots=engine.slots,
         running=stats.running,
         waiting=stats.waiting,
         queued=queued,
@@ -43,12 +42,6 @@ def snapshot(
         prefix_hit_rate=min(1.0, max(0.0, stats.prefix_hit_rate)),
         draining=draining,
     )
-
-
-def _slots(settings: WorkerSettings, engine: Engine) -> int:
-    """Sequences the engine runs at once: llama.cpp instances, or the batch cap."""
-    batch = getattr(engine, "max_num_seqs", None)
-    return int(batch) if isinstance(batch, int) and batch > 0 else settings.engine_instances
 
 
 async def beat(
@@ -59,7 +52,7 @@ async def beat(
     stop: asyncio.Event,
 ) -> None:
     """Put a heartbeat every interval until `stop`, then delete ours (a clean exit)."""
-    kv = await js.key_value(WORKERS)
+    kv = await js.key_value(WORKERS_BUCKET)
     while not stop.is_set():
         partitions, queued, draining = state()
         try:

@@ -23,19 +23,13 @@ from services.worker import metrics
 from services.worker.settings import WorkerSettings
 from switchyard import subjects
 from switchyard.bus.consumer import GiveUp, PullLoop, RetryPolicy
+from switchyard.bus.topology import ASSIGNMENTS_BUCKET, WORKERS_BUCKET
 from switchyard.codec import decode
 from switchyard.errors import DecodeError
 from switchyard.logging import get_logger
-from switchyard.messages.fleet import Assignment, WorkerHeartbeat
+from switchyard.messages.fleet import Assignment, WorkerHeartbeat, assignment_key
 
 log = get_logger(__name__)
-
-ASSIGNMENTS = "fleet_assignments"
-HEARTBEATS = "fleet_workers"
-
-
-def assignment_key(pool: str, partition: int) -> str:
-    return f"{pool}.p{partition}"
 
 
 class Ownership:
@@ -126,7 +120,7 @@ class Ownership:
         before then would let two workers serve one partition, splitting its
         sessions (and their prefix caches) between them.
         """
-        kv = await self.js.key_value(HEARTBEATS)
+        kv = await self.js.key_value(WORKERS_BUCKET)
         deadline = time.monotonic() + self.s.handoff_timeout
         while time.monotonic() < deadline:
             claimed: set[int] = set()
@@ -160,7 +154,7 @@ class Ownership:
             await asyncio.gather(*(self._unbind(p) for p in list(self.loops)))
 
     async def _follow_kv(self, stop: asyncio.Event) -> None:
-        kv = await self.js.key_value(ASSIGNMENTS)
+        kv = await self.js.key_value(ASSIGNMENTS_BUCKET)
         await self.set_owned(await self._assigned(kv))
         watcher = await kv.watch(f"{self.s.pool}.>")
         stopping = asyncio.create_task(stop.wait())

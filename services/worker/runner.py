@@ -3,8 +3,9 @@
 The answer goes to `RES` first (deduplicated by `res-<request id>`, so a
 redelivered request that an earlier attempt already answered is not answered
 again), then as the end frame of the token stream, then the WORK message is
-acked by the pull loop. A request whose deadline passed or whose frame is stale
-is answered without touching the engine.
+acked by the pull loop. A request cancelled, stale or past its deadline
+(`switchyard.requestpolicy`, the router's verdict too) is answered without
+touching the engine.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from services.worker import metrics
 from switchyard.agentprompt import Geometry, answer_to_original
 from switchyard.answers import answer, result_for, route_of
 from switchyard.bus.tokenstream import TokenStreamWriter
-from switchyard.engines.base import Engine, EngineRequest
-from switchyard.engines.sim import SimEngine
-from switchyard.errors import ErrorCode, SwitchyardError
+from switchyard.engines.base import Engine, EngineRequest, ModelsCost
+from switchyard.errors import SwitchyardError
 from switchyard.logging import bind_request, get_logger
 from switchyard.messages.inference import (
     ErrorInfo,
@@ -33,6 +33,7 @@ from switchyard.messages.inference import (
     Timings,
     Usage,
 )
+from switchyard.requestpolicy import Refusal, Tombstones, verdict
 
 log = get_logger(__name__)
 
@@ -56,13 +57,10 @@ class Runner:
         self.engine = engine
         self.worker_id = worker_id
         self.running: set[str] = set()
-        self.cancelled: dict[str, float] = {}  # request id -> when the cancel arrived
+        self.cancelled = Tombstones()
 
     async def cancel(self, request_id: str) -> None:
-        self.cancelled[request_id] = time.time()
-        cutoff = time.time() - 600  # a cancel older than any queue wait is forgotten
-        for rid in [r for r, at in self.cancelled.items() if at < cutoff]:
-            del self.cancelled[rid]
+        self.cancelled.add(request_id)
         if request_id in self.running:
             await self.engine.abort(request_id)
 
@@ -82,7 +80,7 @@ class Runner:
                 route=route_of(req, time.time(), outcome.started_at, outcome.first_token_at),
             )
             metrics.RESULTS.labels(outcome.status).inc()
-            if not await answer(self.nc, self.js, req, result, writer):
+            if not await answer(self.nc, self.js, result, req.reply, writer):
                 log.info("worker.already_answered", attempt=attempt)
                 return
             log.info(
@@ -95,17 +93,9 @@ class Runner:
     async def _run(self, req: GenerateRequest, writer: TokenStreamWriter | None) -> Outcome:
         now = time.time()
         since = req.admitted_at or req.created_at
-        if req.id in self.cancelled:
-            return _refusal("cancelled", "cancelled", "cancelled before it started", since, now)
-        if req.expired(now):
-            late = now - (req.deadline or now)
-            return _refusal("expired", "expired", f"deadline passed {late:.3f}s ago", since, now)
-        age = req.frame_age(now)
-        if req.stale_after is not None and age is not None and age > req.stale_after:
-            return _refusal(
-                "stale", "stale", f"frame is {age:.3f}s old, budget {req.stale_after:.3f}s",
-                since, now,
-            )  # fmt: skip
+        refusal = verdict(req, now, cancelled=req.id in self.cancelled, where="before it started")
+        if refusal is not None:
+            return _refused(refusal, since, now)
         started = time.time()
         metrics.QUEUE.labels(self.engine.kind).observe(max(0.0, started - since))
         first: float | None = None
@@ -140,7 +130,7 @@ class Runner:
         except SwitchyardError as exc:
             log.warning("worker.engine_refused", code=exc.code, reason=exc.reason)
             status: ResultStatus = "expired" if exc.code == "expired" else "error"
-            return _refusal(status, exc.code, exc.reason, since, time.time())
+            return _refused(Refusal(status, exc.code, exc.reason), since, time.time())
         finally:
             self.running.discard(req.id)
             if watchdog is not None:
@@ -171,26 +161,19 @@ class Runner:
         return Outcome("ok", answer_text, finish, usage, timings, None, started, first)
 
     def _modelled(self, request_id: str) -> ModelledTimings | None:
-        """The sim engine's modelled cost of a finished request (other engines have none)."""
-        if not isinstance(self.engine, SimEngine):
+        """The engine's modelled cost of a finished request, if it models one (`sim`)."""
+        if not isinstance(self.engine, ModelsCost):
             return None
-        t = self.engine.timings(request_id)
-        if t is None:
-            return None
-        return ModelledTimings(
-            queue=t.queue, prefill=t.prefill,
-            decode=max(0.0, t.total - t.queue - t.prefill), total=t.total,
-        )  # fmt: skip
+        return self.engine.modelled_timings(request_id)
 
 
-def _refusal(
-    status: ResultStatus, code: ErrorCode, reason: str, since: float, now: float
-) -> Outcome:
+def _refused(refusal: Refusal, since: float, now: float) -> Outcome:
+    status = refusal.status
     return Outcome(
         status,
         finish_reason="abort" if status in ("cancelled", "expired", "stale") else "error",
         timings=Timings(queue=max(0.0, now - since), total=max(0.0, now - since)),
-        error=ErrorInfo(code=code, reason=reason),
+        error=refusal.error,
     )
 
 

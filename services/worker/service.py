@@ -36,9 +36,8 @@ async def run_worker(bus: Bus, stop: asyncio.Event, settings: WorkerSettings) ->
         """A request dead-lettered after its last attempt still gets an answer."""
         with contextlib.suppress(DecodeError):
             req = decode(msg.data, GenerateRequest, max_bytes=settings.max_message_bytes)
-            await answer(
-                bus.nc, bus.js, req, result_for(req, "error", ErrorInfo(code=code, reason=reason))
-            )
+            result = result_for(req, "error", ErrorInfo(code=code, reason=reason))
+            await answer(bus.nc, bus.js, result, req.reply)
 
     async def on_cancel(msg: Msg) -> None:
         request_id = msg.subject.split(".", 1)[1]

@@ -2,7 +2,9 @@
 
 An `EngineRequest` is the engine-facing view of a `GenerateRequest`: the same
 messages, images, sampling and constraint, without bus concerns. Engines
-stream `Delta`s; the last one has a `finish_reason`.
+stream `Delta`s; the last one has a `finish_reason`. An engine that models what
+a request cost, apart from this machine's wall clock (the simulator), says so by
+also implementing `ModelsCost`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from switchyard.messages.inference import (
     GenerateRequest,
     Image,
     ImagePart,
+    ModelledTimings,
     NoConstraint,
     Sampling,
 )
@@ -115,6 +118,11 @@ class Engine(Protocol):
     kind: EngineKind
     capabilities: Capabilities
 
+    @property
+    def slots(self) -> int:
+        """Sequences it runs at once; the worker's heartbeat advertises them and the router
+        gives the worker that much credit."""
+
     async def start(self) -> None:
         """Load weights; raises `EngineError` with a clear reason when it cannot."""
 
@@ -127,3 +135,11 @@ class Engine(Protocol):
     def stats(self) -> EngineStats: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ModelsCost(Protocol):
+    """An engine whose time model says what each request cost (`isinstance` tells)."""
+
+    def modelled_timings(self, request_id: str) -> ModelledTimings | None:
+        """The modelled cost of a finished request; None once it is forgotten."""

@@ -114,6 +114,7 @@ class _Job:
 
 class LlamaCppEngine:
     kind: EngineKind = "llamacpp"
+    slots = 1  # one sequence at a time; `EnginePool` runs several instances side by side
 
     def __init__(self, settings: LlamaCppSettings | None = None) -> None:
         self.settings = settings if settings is not None else LlamaCppSettings()
@@ -345,7 +346,8 @@ class LlamaCppEngine:
         job.tokens = tokens
 
     def _render(self, messages: Sequence[ChatMessage]) -> str:
-        assert self._formatter is not None
+        if self._formatter is None:
+            raise EngineError("the llama.cpp engine has not been started")
         chat = [{"role": m.role, "content": _message_text(m)} for m in messages]
         try:
             return self._formatter(messages=cast(Any, chat)).prompt

@@ -29,6 +29,7 @@ class EnginePool:
         self.instances = list(instances)
         self.kind: EngineKind = instances[0].kind
         self.capabilities: Capabilities = instances[0].capabilities
+        self.slots = len(instances)  # each instance runs one sequence at a time
         self._free: list[int] = list(range(len(instances)))
         self._last_session: dict[int, str | None] = {}
         self._waiters: dict[str, asyncio.Future[int]] = {}

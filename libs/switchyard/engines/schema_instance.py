@@ -186,13 +186,10 @@ class _InstanceBuilder:
             hi -= step
         elif isinstance(xhi, int | float) and not isinstance(xhi, bool):
             hi = min(hi, xhi - step) if hi is not None else xhi - step
-        if lo is None and hi is None:
-            lo, hi = 0, 100
-        elif lo is None:
-            lo = hi - 100  # type: ignore[operator]
-        elif hi is None:
+        if lo is None:
+            lo = 0 if hi is None else hi - 100
+        if hi is None:
             hi = lo + 100
-        assert lo is not None and hi is not None
         if lo > hi:
             raise _unsatisfiable(f"no number in [{lo}, {hi}]")
         return lo, hi

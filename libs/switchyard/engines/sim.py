@@ -60,7 +60,7 @@ from switchyard.engines.prefix_cache import BlockCache, block_hashes
 from switchyard.engines.sim_output import CONSTRAINED_PLACEHOLDER, SimOutput, plan_output
 from switchyard.engines.sim_tokens import pseudo_tokens, render_prompt
 from switchyard.logging import get_logger
-from switchyard.messages.inference import FinishReason
+from switchyard.messages.inference import FinishReason, ModelledTimings
 
 # Re-exported: tests and tools import these from here.
 __all__ = [
@@ -267,8 +267,8 @@ class SimEngine:
     # -- modelled numbers -----------------------------------------------------
 
     @property
-    def max_num_seqs(self) -> int:
-        """The batch cap; the worker's heartbeat advertises it as its slots (router credit)."""
+    def slots(self) -> int:
+        """The batch cap: sequences run at once."""
         return self.settings.max_num_seqs
 
     def tpot(self, batch: int) -> float:
@@ -282,6 +282,16 @@ class SimEngine:
     def timings(self, request_id: str) -> SimTimings | None:
         """Modelled timings of a finished request (the last `timings_history` are kept)."""
         return self._timings.get(request_id)
+
+    def modelled_timings(self, request_id: str) -> ModelledTimings | None:
+        """`timings` as a result carries them (`ModelsCost`)."""
+        t = self._timings.get(request_id)
+        if t is None:
+            return None
+        return ModelledTimings(
+            queue=t.queue, prefill=t.prefill,
+            decode=max(0.0, t.total - t.queue - t.prefill), total=t.total,
+        )  # fmt: skip
 
     @property
     def clock(self) -> float:

@@ -180,7 +180,8 @@ def chat_conversation(request: EngineRequest) -> tuple[list[dict[str, Any]], lis
     in the last user message. A part naming an image the request does not
     carry is refused: vLLM needs pixels for every placeholder.
     """
-    assert request.messages is not None
+    if request.messages is None:
+        raise EngineError("a chat request carries messages, not a raw prompt")
     by_hash = {img.hash: img for img in request.images}
     loose = request.loose_images()
     users = [i for i, m in enumerate(request.messages) if m.role == "user"]
@@ -411,8 +412,8 @@ class VllmEngine:
         self._inflight: dict[str, _InFlight] = {}
 
     @property
-    def max_num_seqs(self) -> int:
-        """The batch cap; the worker's heartbeat advertises it as its slots (router credit)."""
+    def slots(self) -> int:
+        """The batch cap: sequences run at once."""
         return self.settings.max_num_seqs
 
     async def start(self) -> None:

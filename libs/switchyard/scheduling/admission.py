@@ -24,14 +24,30 @@ CAP_RETRY_AFTER = 1.0
 
 @dataclass(frozen=True)
 class Verdict:
-    ok: bool
+    """Admitted (no `code`) at a clamped `priority`, or refused with a code and reason."""
+
     code: ErrorCode | None = None
     reason: str = ""
     retry_after: float | None = None
     priority: int = 0
 
+    @property
+    def ok(self) -> bool:
+        return self.code is None
 
-ADMITTED = Verdict(True)
+
+@dataclass(frozen=True)
+class TenantUsage:
+    """One tenant's standing at one moment: its policy and what of it is spent."""
+
+    tenant: str
+    policy: TenantPolicy
+    # The buckets' capacity minus their level: output tokens count `max_tokens`
+    # reserved until the request finishes.
+    input_used: float
+    output_used: float
+    inflight: int
+    queued_tokens: int
 
 
 @dataclass
@@ -78,27 +94,26 @@ class Admission:
     ) -> Verdict:
         held = self._reserved.get(request_id)
         if held is not None:  # a redelivered request keeps its reservation (and its clamp)
-            return Verdict(True, priority=held.priority)
+            return Verdict(priority=held.priority)
         state = self._state(tenant)
         if state is None:
-            return Verdict(False, "unknown_tenant", f"tenant {tenant!r} has no policy")
+            return Verdict("unknown_tenant", f"tenant {tenant!r} has no policy")
         p, now = state.policy, self.clock()
         low, high = p.priority
         priority = min(max(priority, low), high)
         cost = prompt_tokens + max_tokens
         if prompt_tokens > p.itpm or max_tokens > p.otpm or cost > p.max_queued_tokens:
             return Verdict(
-                False,
                 "invalid_request",
                 f"request needs {prompt_tokens} input + {max_tokens} output tokens; the tenant's "
                 f"limits are {p.itpm} input/min, {p.otpm} output/min, {p.max_queued_tokens} queued",
             )
         if state.inflight >= p.max_concurrency:
             reason = f"{state.inflight} requests in flight (cap {p.max_concurrency})"
-            return Verdict(False, "over_quota", reason, CAP_RETRY_AFTER)
+            return Verdict("over_quota", reason, CAP_RETRY_AFTER)
         if state.queued_tokens + cost > p.max_queued_tokens:
             return Verdict(
-                False, "over_quota",
+                "over_quota",
                 f"{state.queued_tokens} tokens already queued (cap {p.max_queued_tokens})",
                 CAP_RETRY_AFTER,
             )  # fmt: skip
@@ -108,7 +123,7 @@ class Admission:
             which = "input" if wait_in >= wait_out else "output"
             wait = max(wait_in, wait_out)
             return Verdict(
-                False, "over_quota", f"{which} tokens per minute exhausted",
+                "over_quota", f"{which} tokens per minute exhausted",
                 math.ceil(wait * 100) / 100,
             )  # fmt: skip
         state.itpm.take(prompt_tokens, now)
@@ -116,7 +131,7 @@ class Admission:
         state.inflight += 1
         state.queued_tokens += cost
         self._reserved[request_id] = _Reservation(tenant, prompt_tokens, max_tokens, priority)
-        return Verdict(True, priority=priority)
+        return Verdict(priority=priority)
 
     def dispatched(self, request_id: str) -> None:
         r = self._reserved.get(request_id)
@@ -140,6 +155,23 @@ class Admission:
             state.otpm.give_back(r.max_tokens, now)
         else:
             state.otpm.give_back(max(0, r.max_tokens - completion_tokens), now)
+
+    def usage(self, now: float) -> list[TenantUsage]:
+        """Every tenant seen so far, its buckets refilled to `now`."""
+        out = []
+        for tenant, state in self._tenants.items():
+            # wait_for(0) refills the bucket to `now` without taking anything.
+            state.itpm.wait_for(0, now)
+            state.otpm.wait_for(0, now)
+            out.append(
+                TenantUsage(
+                    tenant, state.policy,
+                    input_used=max(0.0, state.itpm.capacity - state.itpm.level),
+                    output_used=max(0.0, state.otpm.capacity - state.otpm.level),
+                    inflight=state.inflight, queued_tokens=max(0, state.queued_tokens),
+                )
+            )  # fmt: skip
+        return out
 
     def inflight(self, tenant: str) -> int:
         state = self._tenants.get(tenant)

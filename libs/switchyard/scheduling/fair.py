@@ -77,6 +77,10 @@ class FairQueue(Generic[T]):
         queue.append(item)
         self._index[item.request_id] = item
 
+    def get(self, request_id: str) -> Item[T] | None:
+        """The queued item of `request_id`, left in place; None if it is not queued."""
+        return self._index.get(request_id)
+
     def remove(self, request_id: str) -> Item[T] | None:
         item = self._index.pop(request_id, None)
         if item is not None:

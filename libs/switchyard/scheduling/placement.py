@@ -2,7 +2,9 @@
 
 A partition keeps its worker (its sessions' prefixes live in that worker's KV
 cache) unless the worker dies, drains, or carries more than (1 + epsilon) x the
-average load; only then does it move, and only as far as needed. Initial
+average load; only then does it move, and only as far as needed. Measured load
+(tokens, not partition counts) may have its own, usually wider, bound
+`spill_epsilon`: a move costs the partition's sessions their warm cache. Initial
 placement walks a hash ring from the partition's point and takes the first
 worker still under its bounded share, so adding a worker moves few partitions.
 """
@@ -45,6 +47,7 @@ class Placement:
     partitions: int
     epsilon: float = 0.25
     spill_cooldown: float = 60.0
+    spill_epsilon: float | None = None  # the bound of a load-based spill; None: `epsilon`
     assignment: dict[int, str] = field(default_factory=dict)
     _moved_at: dict[int, float] = field(default_factory=dict)
 
@@ -174,7 +177,7 @@ class Placement:
 
     def _spill(self, workers: list[WorkerView], load: dict[int, float], now: float) -> Move | None:
         """At most one move per call: the hottest worker gives the coolest the partition
-        that best evens it out among those that keep the target under the bound.
+        that best evens it out among those that keep the target under the spill bound.
 
         Loads are per slot and the mean is the pool's (total load / total slots), the
         same slot weighting as the partition caps; an unweighted mean of per-slot loads
@@ -189,7 +192,7 @@ class Placement:
         mean = sum(per_worker[w] * slots[w] for w in per_worker) / sum(slots.values())
         if mean <= 0:
             return None
-        bound = (1 + self.epsilon) * mean
+        bound = (1 + (self.epsilon if self.spill_epsilon is None else self.spill_epsilon)) * mean
         hot = max(per_worker, key=lambda w: per_worker[w])
         cool = min(per_worker, key=lambda w: per_worker[w])
         if per_worker[hot] <= bound:
