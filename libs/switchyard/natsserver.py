@@ -6,14 +6,14 @@ own 2.15 server is used even where a distribution's older one is on PATH.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from switchyard.ports import free_port, reachable
 
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
 
@@ -36,18 +36,6 @@ def version(path: Path | None = None) -> tuple[int, int, int]:
     ).stdout
     numbers = out.strip().split("v")[-1].split(".")
     return int(numbers[0]), int(numbers[1]), int(numbers[2].split("-")[0])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def reachable(host: str, port: int, timeout: float = 0.3) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout):
-        return True
-    return False
 
 
 @dataclass

@@ -43,31 +43,29 @@ import hashlib
 import json
 import math
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-
-import yaml
+from typing import cast
 
 from switchyard import subjects
 from switchyard.agentprompt import build_messages, fit
-from switchyard.bench.fleetproc import nats_for_bench, service_processes, wait_for_workers
 from switchyard.bench.phoneframes import draw_frame
 from switchyard.bench.stats import percentile
 from switchyard.bus.connection import Bus, connect
-from switchyard.bus.provision import provision
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
-from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.config import Settings
 from switchyard.engines.base import EngineRequest
 from switchyard.engines.sim import SimSettings
 from switchyard.engines.sim_tokens import render_prompt
+from switchyard.fleet import UNMETERED, FleetSpec, Pool, env_of, launch
+from switchyard.fleet.spec import Engine
 from switchyard.ids import new_id
 from switchyard.messages.agent import AgentStep, RawFrame, StepOptions, parse_answer
 from switchyard.messages.inference import Image, Timings
+
+READY_TIMEOUT = 180.0  # s: llama.cpp workers load their model on a shared machine
 
 
 @dataclass(frozen=True)
@@ -373,56 +371,22 @@ def summarise(
     )  # fmt: skip
 
 
-UNMETERED = {
-    "itpm": 10**12, "otpm": 10**12, "max_concurrency": 10**6, "max_queued_tokens": 10**12,
-}  # fmt: skip
-
-
 @contextlib.contextmanager
 def agent_fleet(cfg: AgentSimConfig) -> Iterator[str]:
-    """The NATS URL of a fleet that serves the `agent` pool."""
+    """The NATS URL of a fleet that serves the `agent` pool, once it is ready."""
     if cfg.nats_url:
         yield cfg.nats_url
         return
-    with contextlib.ExitStack() as stack:
-        url = stack.enter_context(nats_for_bench(None))
-        asyncio.run(_provision(url))
+    sim = env_of(sim_delay_scale=cfg.delay_scale) if cfg.engine == "sim" else {}
+    spec = FleetSpec(
+        pools=(Pool("agent", cfg.workers, sim),), engine=cast(Engine, cfg.engine),
         # A load tool measures the fleet, not the default quotas: give its tenant room.
-        policy = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "tenants.yaml"
-        policy.write_text(yaml.safe_dump({"default": UNMETERED}))
-        router = {
-            "SY_POOLS": '["agent"]', "SY_REBALANCE_INTERVAL": "0.5", "SY_ROUTER_ID": "r0",
-            "SY_TENANT_POLICY": str(policy),
-        }  # fmt: skip
-        stack.enter_context(service_processes("router", url, [router]))
-        sim = {"SY_SIM_DELAY_SCALE": str(cfg.delay_scale)} if cfg.engine == "sim" else {}
-        workers = [
-            {"SY_ENGINE": cfg.engine, "SY_POOL": "agent", "SY_ASSIGNMENT": "kv",
-             "SY_WORKER_ID": f"agent-w{i}", "SY_HEARTBEAT_INTERVAL": "0.5", **sim}
-            for i in range(cfg.workers)
-        ]  # fmt: skip
-        stack.enter_context(service_processes("worker", url, workers))
-        pre = {"SY_FRAME_PROCS": "1", "SY_MAX_PIXELS": str(cfg.max_pixels),
-               "SY_FRAME_CACHE": str(cfg.frame_cache)}  # fmt: skip
-        stack.enter_context(service_processes("preprocessor", url, [pre]))
-        asyncio.run(_wait(url, {f"agent-w{i}" for i in range(cfg.workers)}))
-        yield url
-
-
-async def _provision(url: str) -> None:
-    bus = await connect(Settings(nats_url=url), "agent-sim-provision")
-    try:
-        await provision(bus.js, build_topology(TopologySettings(nats_url=url, pools=["agent"])))
-    finally:
-        await bus.close()
-
-
-async def _wait(url: str, ids: set[str]) -> None:
-    bus = await connect(Settings(nats_url=url), "agent-sim-wait")
-    try:
-        await wait_for_workers(bus.js, ids, timeout=180)
-    finally:
-        await bus.close()
+        tenant_policy=UNMETERED,
+        service_env={"preprocessor": env_of(frame_procs=1, max_pixels=cfg.max_pixels,
+                                            frame_cache=cfg.frame_cache)},
+    )  # fmt: skip
+    with launch(spec, ready_timeout=READY_TIMEOUT) as fleet:
+        yield fleet.nats_url
 
 
 async def _drive(cfg: AgentSimConfig, url: str) -> AgentSimReport:

@@ -18,35 +18,25 @@ CPU; the difference is what the edge adds on top.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import socket
 import statistics
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from switchyard import subjects
-from switchyard.bench.fleetproc import nats_for_bench, wait_for_workers
 from switchyard.bench.stats import percentile
 from switchyard.bus.connection import Bus, connect
-from switchyard.bus.provision import provision
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
-from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.config import Settings
+from switchyard.fleet import UNMETERED, Edge, FleetError, FleetSpec, Pool, env_of, launch
+from switchyard.fleet.launch import Launch
 from switchyard.messages.inference import ChatMessage, ChatRequest, Sampling
 
 POOL = "benchedge"
 PARTITIONS = 4
 TENANT = "bench"
 KEY = "sk-bench-edge"  # a throwaway key for this run's private edge
-WORKER = f"{POOL}-w0"
 PROMPTS = (
     "Describe the main menu of a mobile strategy game.",
     "List five things a player can do in a farming game.",
@@ -107,141 +97,73 @@ async def _edge(http: Any, i: int, max_tokens: int) -> None:
         raise RuntimeError(f"edge request failed: {r.status_code} {r.text[:200]}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.asynccontextmanager
-async def _fleet(nats_url: str, tmp: Path) -> AsyncIterator[str]:
-    """Router, sim worker, preprocessor and edge on this loop; yields the edge's base URL."""
-    import uvicorn
-
-    from services.edge.app import create_app
-    from services.edge.auth import hash_key
-    from services.edge.settings import EdgeSettings
-    from services.preprocessor.service import run_preprocessor
-    from services.preprocessor.settings import PreprocessorSettings
-    from services.router.router import Router
-    from services.router.service import load_policies
-    from services.router.settings import RouterSettings
-    from services.worker.service import run_worker
-    from services.worker.settings import WorkerSettings
-
-    policy = tmp / "tenants.yaml"
-    policy.write_text(yaml.safe_dump({"default": {
-        "itpm": 10**10, "otpm": 10**10, "max_queued_tokens": 10**10}}))  # fmt: skip
-    keys = tmp / "keys.yaml"
-    keys.write_text(yaml.safe_dump({"keys": {hash_key(KEY): {"tenant": TENANT}}}))
-    topo = TopologySettings(nats_url=nats_url, partitions=PARTITIONS, pools=[POOL])
-    setup = await connect(topo, "sy-bench-edge-setup")
-    await provision(setup.js, build_topology(topo))
-
-    stop = asyncio.Event()
-    tasks: list[asyncio.Task[Any]] = []
-    buses: list[Bus] = []
-
-    async def start(
-        name: str, settings: Settings, run: Callable[[Bus], Coroutine[Any, Any, Any]]
-    ) -> None:
-        bus = await connect(settings, name)
-        buses.append(bus)
-        tasks.append(asyncio.create_task(run(bus), name=name))
-
-    rs = RouterSettings(nats_url=nats_url, partitions=PARTITIONS, pools=[POOL],
-                        tenant_policy=policy, rebalance_interval=0.2)  # fmt: skip
-    ws = WorkerSettings(nats_url=nats_url, pool=POOL, engine="sim", assignment="kv",
-                        partitions=PARTITIONS, worker_id=WORKER,
-                        heartbeat_interval=0.3)  # fmt: skip
-    ps = PreprocessorSettings(nats_url=nats_url, chat_pool=POOL)
-    es = EdgeSettings(nats_url=nats_url, port=_free_port(), api_keys_file=keys, chat_pool=POOL)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(es), host="127.0.0.1", port=es.port, log_level="warning",
-                       lifespan="on", access_log=False)
+def _fleet(nats_url: str | None) -> Launch:
+    """Router, sim worker (zero delay), preprocessor and edge on this loop, on `nats_url`
+    or an embedded NATS; ready once every partition is bound and the edge answers."""
+    spec = FleetSpec(
+        pools=(Pool(POOL, env=env_of(sim_delay_scale=0)),), engine="sim", partitions=PARTITIONS,
+        tenant_policy=UNMETERED, edge=Edge(keys={KEY: TENANT}), env=env_of(chat_pool=POOL),
+        heartbeat_interval=0.3, rebalance_interval=0.2,
     )  # fmt: skip
-    serving: asyncio.Task[None] | None = None
-    before = os.environ.get("SY_SIM_DELAY_SCALE")
-    os.environ["SY_SIM_DELAY_SCALE"] = "0"  # the engine reads SY_SIM_* as the worker starts it
-    try:
-        await start("sy-bench-router", rs, lambda b: Router(b, rs, load_policies(rs)).run(stop))
-        await start("sy-bench-worker", ws, lambda b: run_worker(b, stop, ws))
-        await wait_for_workers(setup.js, {WORKER}, timeout=30)
-        await start("sy-bench-preprocessor", ps, lambda b: run_preprocessor(b, stop, ps))
-        serving = asyncio.create_task(server.serve(), name="sy-bench-edge")
-        while not server.started:
-            if serving.done():
-                serving.result()
-            await asyncio.sleep(0.05)
-        yield f"http://127.0.0.1:{es.port}"
-    finally:
-        if before is None:
-            os.environ.pop("SY_SIM_DELAY_SCALE", None)
-        else:
-            os.environ["SY_SIM_DELAY_SCALE"] = before
-        server.should_exit = True
-        if serving is not None:
-            await asyncio.wait_for(serving, 30)
-        stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
-        for bus in [*buses, setup]:
-            await bus.close()
+    return launch(spec, mode="inproc", nats_url=nats_url)
 
 
-async def _bench(nats_url: str, requests: int, concurrency: int, max_tokens: int) -> EdgeBench:
+async def _bench(
+    nats_url: str | None, requests: int, concurrency: int, max_tokens: int
+) -> EdgeBench:
     import httpx
 
-    with tempfile.TemporaryDirectory(prefix="sy-bench-edge-") as tmp:
-        async with _fleet(nats_url, Path(tmp)) as url:
-            client = await connect(Settings(nats_url=nats_url), "sy-bench-edge-client")
-            limits = httpx.Limits(
-                max_connections=concurrency, max_keepalive_connections=concurrency
-            )
-            headers = {"Authorization": f"Bearer {KEY}"}
-            async with httpx.AsyncClient(
-                base_url=url, headers=headers, limits=limits, timeout=120
-            ) as http:
-                times: dict[str, list[float]] = {"direct": [], "edge": []}
-                errors = 0
+    async with _fleet(nats_url) as fleet:
+        url = fleet.edge_url
+        if url is None:
+            raise FleetError("the bench fleet was launched without its edge")
+        client = await connect(Settings(nats_url=fleet.nats_url), "sy-bench-edge-client")
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(
+            base_url=url, headers=headers, limits=limits, timeout=120
+        ) as http:
+            times: dict[str, list[float]] = {"direct": [], "edge": []}
+            errors = 0
 
-                async def one(path: str, i: int) -> float:
-                    started = time.perf_counter()
-                    if path == "edge":
-                        await _edge(http, i, max_tokens)
-                    else:
-                        await _direct(client, i, max_tokens)
-                    return time.perf_counter() - started
-
-                async def drain(jobs: list[tuple[str, int]], record: bool) -> None:
-                    nonlocal errors
-                    queue: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
-                    for job in jobs:
-                        queue.put_nowait(job)
-
-                    async def runner() -> None:
-                        nonlocal errors
-                        while not queue.empty():
-                            path, i = queue.get_nowait()
-                            try:
-                                took = await one(path, i)
-                            except Exception:
-                                errors += record
-                                continue
-                            if record:
-                                times[path].append(took)
-
-                    await asyncio.gather(*(runner() for _ in range(concurrency)))
-
-                # Alternate the paths job by job: both always share the fleet and the clients.
-                def jobs(n: int, offset: int) -> list[tuple[str, int]]:
-                    return [(p, offset + i) for i in range(n) for p in ("direct", "edge")]
-
-                warm = max(concurrency * 2, requests // 10)
-                await drain(jobs(warm, 0), record=False)
+            async def one(path: str, i: int) -> float:
                 started = time.perf_counter()
-                await drain(jobs(requests, warm), record=True)
-                wall = time.perf_counter() - started
-            await client.close()
+                if path == "edge":
+                    await _edge(http, i, max_tokens)
+                else:
+                    await _direct(client, i, max_tokens)
+                return time.perf_counter() - started
+
+            async def drain(jobs: list[tuple[str, int]], record: bool) -> None:
+                nonlocal errors
+                queue: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
+                for job in jobs:
+                    queue.put_nowait(job)
+
+                async def runner() -> None:
+                    nonlocal errors
+                    while not queue.empty():
+                        path, i = queue.get_nowait()
+                        try:
+                            took = await one(path, i)
+                        except Exception:
+                            errors += record
+                            continue
+                        if record:
+                            times[path].append(took)
+
+                await asyncio.gather(*(runner() for _ in range(concurrency)))
+
+            # Alternate the paths job by job: both always share the fleet and the clients.
+            def jobs(n: int, offset: int) -> list[tuple[str, int]]:
+                return [(p, offset + i) for i in range(n) for p in ("direct", "edge")]
+
+            warm = max(concurrency * 2, requests // 10)
+            await drain(jobs(warm, 0), record=False)
+            started = time.perf_counter()
+            await drain(jobs(requests, warm), record=True)
+            wall = time.perf_counter() - started
+        await client.close()
     d, e = [t * 1000 for t in times["direct"]], [t * 1000 for t in times["edge"]]
     if not d or not e:
         raise RuntimeError(f"no successful requests ({errors} errors)")
@@ -265,5 +187,4 @@ async def _bench(nats_url: str, requests: int, concurrency: int, max_tokens: int
 def run_edge_bench(
     *, nats_url: str | None, requests: int = 400, concurrency: int = 8, max_tokens: int = 16
 ) -> EdgeBench:
-    with nats_for_bench(nats_url) as url:
-        return asyncio.run(_bench(url, requests, concurrency, max_tokens))
+    return asyncio.run(_bench(nats_url, requests, concurrency, max_tokens))

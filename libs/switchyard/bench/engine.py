@@ -7,16 +7,17 @@ import asyncio
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from typing import cast
 
 from switchyard import subjects
-from switchyard.bench.fleetproc import nats_for_bench, service_processes, wait_for_workers
 from switchyard.bus.connection import connect
-from switchyard.bus.provision import provision
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
-from switchyard.bus.topology import TopologySettings, build_topology
+from switchyard.config import Settings
 from switchyard.engines.base import EngineRequest
 from switchyard.engines.factory import make_engine
+from switchyard.fleet import FleetSpec, Pool, launch
+from switchyard.fleet.spec import Engine
 from switchyard.messages.inference import ChatMessage, GenerateRequest, Sampling
 from switchyard.partition import partition
 
@@ -64,8 +65,7 @@ def _requests(n: int, max_tokens: int, rnd: int) -> list[GenerateRequest]:
 async def _bench(
     nats_url: str, rounds: int, n: int, max_tokens: int, engine_kind: str
 ) -> EngineBench:
-    bus = await connect(_topology(nats_url), "sy-bench-engine")
-    await wait_for_workers(bus.js, {"bench-w0"})
+    bus = await connect(Settings(nats_url=nats_url), "sy-bench-engine")
     raw = make_engine(engine_kind)
     await raw.start()
     raw_rates: list[float] = []
@@ -117,26 +117,12 @@ async def _bench(
     )
 
 
-def _topology(nats_url: str) -> TopologySettings:
-    return TopologySettings(nats_url=nats_url, partitions=PARTITIONS, pools=[POOL])
-
-
-async def _provision(nats_url: str) -> None:
-    bus = await connect(_topology(nats_url), "sy-bench-provision")
-    try:
-        await provision(bus.js, build_topology(_topology(nats_url)))
-    finally:
-        await bus.close()
-
-
 def run_engine_bench(
     *, nats_url: str | None, rounds: int, requests: int, max_tokens: int, engine: str = "llamacpp"
 ) -> EngineBench:
-    with nats_for_bench(nats_url) as url:
-        asyncio.run(_provision(url))
-        worker = {
-            "SY_WORKER_ID": "bench-w0", "SY_ENGINE": engine, "SY_POOL": POOL,
-            "SY_ASSIGNMENT": "static", "SY_PARTITIONS": str(PARTITIONS),
-        }  # fmt: skip
-        with service_processes("worker", url, [worker]):
-            return asyncio.run(_bench(url, rounds, requests, max_tokens, engine))
+    # One worker owning every partition itself: no router between the client and it. An
+    # unknown engine stops that worker at start, and the launch reports its log.
+    kind = cast(Engine, engine)
+    spec = FleetSpec(pools=(Pool(POOL),), engine=kind, partitions=PARTITIONS, services=())
+    with launch(spec, nats_url=nats_url) as fleet:
+        return asyncio.run(_bench(fleet.nats_url, rounds, requests, max_tokens, engine))

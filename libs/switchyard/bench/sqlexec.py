@@ -10,29 +10,25 @@ path. Paths alternate round by round so machine noise hits both alike.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
-import os
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from switchyard import subjects
-from switchyard.bench.fleetproc import nats_for_bench
 from switchyard.bench.stats import percentile
 from switchyard.bus import rpc
 from switchyard.bus.connection import Bus, connect
-from switchyard.bus.provision import provision
-from switchyard.bus.topology import Topology, TopologySettings, build_topology
+from switchyard.bus.topology import TopologySettings
 from switchyard.config import Settings
-from switchyard.errors import SwitchyardError
+from switchyard.fleet import ProcessGroup, nats_server, provision
+from switchyard.fleet.readiness import wait_for_responder
 from switchyard.messages.sql import ExecuteReply, ExecuteRequest
 from switchyard.sqldb import demo
 from switchyard.sqldb.admin import connect_admin, dsn_params
@@ -108,28 +104,6 @@ class ExecBench:
         return asdict(self)
 
 
-@contextlib.contextmanager
-def executor_process(env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    """`python -m services.executor`, its output in a temporary log file."""
-    fd, path = tempfile.mkstemp(prefix="sy-bench-executor-", suffix=".log")
-    with open(fd, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.executor"],
-            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        try:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the executor exited at start; see {path}")
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 class Client:
     def __init__(self, bus: Bus, tenant: str, key: str, policies: PolicyStore) -> None:
         self.bus, self.tenant, self.key, self.policies = bus, tenant, key, policies
@@ -181,24 +155,17 @@ async def _phase(
 
 
 async def _bench(
-    url: str, client_env: dict[str, str], tenant: str, key: str, policy_dir: Path,
+    url: str, ready: Callable[[], None], tenant: str, key: str, policy_dir: Path,
     qs: list[tuple[str, str, str]], requests: int, rounds: int, concurrency: int,
 ) -> tuple[dict[str, Any], bool, dict[str, dict[str, float]]]:  # fmt: skip
+    """`ready` raises if the executor process exited (it is waited for first)."""
     settings = Settings(nats_url=url)
     bus = await connect(settings, "sy-bench-sql")
     try:
         client = Client(bus, tenant, key, PolicyStore(policy_dir))
         raw = [client.request(q[1]) for q in qs]
         agg = [client.request(q[2]) for q in qs]
-        deadline = time.monotonic() + 30
-        while True:  # wait for the executor to answer
-            try:
-                await client.run(agg[0])
-                break
-            except SwitchyardError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
+        await wait_for_responder(bus.nc, subjects.SQL_EXECUTE, timeout=30, check=ready)
         match = True
         for r, a in zip(raw, agg, strict=True):  # warm-up, and the answers must agree
             match = match and (await client.run(r)).rows == (await client.run(a)).rows
@@ -247,8 +214,8 @@ def run_exec_bench(
             conn.close()
         db = dsn_params(settings.mysql_dsn)
         qs = questions(settings.sql_demo_start)
-        with nats_for_bench(nats_url) as url:
-            asyncio.run(_provision_audit(url))
+        with nats_server(nats_url) as url, ProcessGroup(grace=30) as group:
+            asyncio.run(provision(TopologySettings(nats_url=url), streams=("AUDIT",)))
             env = {
                 "SY_NATS_URL": url, "SY_MYSQL_HOST": str(db["host"]),
                 "SY_MYSQL_PORT": str(db["port"]),
@@ -261,10 +228,10 @@ def run_exec_bench(
                 "SY_SQL_BUSY_TIMEOUT": "10", "SY_SQL_STATEMENT_TIMEOUT": "60",
                 "SY_LOG_LEVEL": "warning",
             }  # fmt: skip
-            with executor_process(env):
-                totals, match, medians = asyncio.run(
-                    _bench(url, env, tenant, key, policy_dir, qs, requests, rounds, pool_size)
-                )
+            executor = group.start("executor", (sys.executable, "-m", "services.executor"), env)
+            bench = _bench(url, executor.check, tenant, key, policy_dir, qs, requests, rounds,
+                           pool_size)  # fmt: skip
+            totals, match, medians = asyncio.run(bench)
 
     def result(path: str) -> PathResult:
         lat, rows = totals[path]["lat"], totals[path]["rows"]
@@ -284,13 +251,3 @@ def run_exec_bench(
         p99_ratio=round(raw.p99_ms / aggregated.p99_ms, 2),
         answers_match=match, per_question_ms=medians,
     )  # fmt: skip
-
-
-async def _provision_audit(url: str) -> None:
-    topo = TopologySettings(nats_url=url)
-    streams = tuple(s for s in build_topology(topo).streams if s.name == "AUDIT")
-    bus = await connect(topo, "sy-bench-sql-provision")
-    try:
-        await provision(bus.js, Topology(streams, (), ()))
-    finally:
-        await bus.close()

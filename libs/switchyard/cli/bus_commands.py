@@ -115,8 +115,8 @@ def register(app: typer.Typer) -> None:
         signal.signal(signal.SIGTERM, _raise_interrupt)
         console.print(f"nats-server listening on {server.url} (store {data_dir}); Ctrl-C stops it")
         try:
-            assert server.proc is not None
-            server.proc.wait()
+            if server.proc is not None:  # start() set it, or raised
+                server.proc.wait()
         except KeyboardInterrupt:
             pass
         finally:

@@ -35,8 +35,8 @@ def _run(
     from switchyard.bench.peers import report
     from switchyard.bench.peers.overhead import run_overhead
     from switchyard.bench.peers.peers import versions
-    from switchyard.bench.peers.procs import PeerStartError
     from switchyard.bench.peers.routing import run_routing
+    from switchyard.fleet import FleetError
     from switchyard.logging import configure
 
     configure("warning", service="sy-bench", json=False)  # keep stdout for the result
@@ -51,7 +51,7 @@ def _run(
     try:
         overhead = run_overhead(overhead_cfg, out / "logs") if overhead_cfg else None
         routing = run_routing(routing_cfg, out / "logs") if routing_cfg else None
-    except PeerStartError as e:
+    except FleetError as e:
         console.print(f"[red]a process could not start:[/red] {e}")
         raise typer.Exit(3) from e
     doc = report.document(overhead, routing, found)

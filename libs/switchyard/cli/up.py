@@ -1,12 +1,16 @@
 """`sy up`: run the whole fleet on this machine, in the foreground.
 
 It uses the NATS at the configured URL when it answers and otherwise starts an
-embedded nats-server; provisions the topology; then runs every service of
-`FLEET` whose package has a `__main__.py` as `python -m services.<name>`.
+embedded nats-server; then `switchyard.fleet.launch` provisions the topology and
+runs every service of `FLEET` whose package has a `__main__.py` as
+`python -m services.<name>`.
 
 Nothing is restarted: a child that exits stops the fleet with a non-zero
-status, so a crash is seen rather than hidden. Once the edge answers `/readyz`
-it prints where the edge listens and a first request to try.
+status, so a crash is seen rather than hidden. Once the fleet is ready (every
+partition of every pool bound by a live worker, the edge answering `/readyz`)
+it prints one line for the start-up, where the edge listens and a first request
+to try. The children's JSON logs are shown as they are, or rendered for a person
+on a terminal (`--log-format`, `switchyard.cli.logview`).
 
 `--secure` runs the production NATS permissions locally: the embedded server
 loads `compose/nats-auth.conf` (one user per service, each allowed exactly its
@@ -22,64 +26,48 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
-import itertools
 import os
 import re
 import secrets
 import signal
-import sys
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
-from urllib.parse import urlparse
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from switchyard.bus.connection import connect
-from switchyard.bus.provision import provision
+from switchyard.bus.provision import Change
 from switchyard.bus.topology import Topology, TopologySettings, build_topology
+from switchyard.cli.logview import LogFormat, LogView, pretty
 from switchyard.config import Settings
 from switchyard.errors import SwitchyardError
-from switchyard.natsserver import EmbeddedNats, reachable
+from switchyard.fleet import Fleet, FleetError, NotReady, PoolReady, Roster, Service, launch
+from switchyard.fleet.bus import host_port
+from switchyard.natsserver import EmbeddedNats
+from switchyard.ports import reachable
 
 GRACE = 20.0
 DATA_DIR = Path(".sy")
 # The production users and permissions (compose/nats.conf includes the same file).
 NATS_AUTH = Path("compose/nats-auth.conf")
 ADMIN_USER = "admin"
-EDGE_READY_TIMEOUT = 300.0  # s: the first llama.cpp load and the sqlflow index take a while
+READY_TIMEOUT = 300.0  # s: the first llama.cpp loads and the sqlflow index take a while
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})  # noqa: S104 - a URL, not a bind
-COLORS = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_green")
 
 console = Console(soft_wrap=True, highlight=False)
 
 Engine = Literal["llamacpp", "sim"]
 
-
-@dataclass(frozen=True)
-class Service:
-    name: str
-    module: str
-    env: dict[str, str] = field(default_factory=dict)
-    replicas: int = 1
-    # Its NATS user in compose/nats-auth.conf (used with `--secure`).
-    nats_user: str = ""
-
-    @property
-    def user(self) -> str:
-        return self.nats_user or self.name
-
-
 # The edge's local dev key `sk-local-dev` -> tenant `dev` (http://127.0.0.1:8080/v1).
 LOCAL_KEYS = "deploy/local/edge-keys.yaml"
 
-# Started in this order (consumers before their producers), stopped all at once.
+# Started in this order (consumers before their producers), stopped all at once. A
+# service's `nats_user` is its user in compose/nats-auth.conf (`--secure`), its name if unset.
 FLEET: tuple[Service, ...] = (
     Service("auditor", "services.auditor"),
     Service("executor", "services.executor"),
@@ -102,19 +90,6 @@ FLEET: tuple[Service, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Process:
-    name: str
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    user: str = ""
-
-    def describe(self) -> str:
-        shown = {k: ("***" if "PASSWORD" in k else v) for k, v in self.env.items()}
-        extra = "".join(f" {k}={v}" for k, v in shown.items())
-        return f"python {' '.join(self.argv[1:])}{extra}"
-
-
 def runnable(module: str) -> bool:
     """Whether `python -m <module>` can run: the package exists and has a `__main__`."""
     try:
@@ -125,24 +100,33 @@ def runnable(module: str) -> bool:
 
 def plan(
     fleet: tuple[Service, ...], *, workers: int, engine: Engine, edge_port: int = 8080
-) -> tuple[list[Process], list[Service]]:
-    """The processes to start, and the services skipped because they cannot run yet."""
-    procs: list[Process] = []
+) -> tuple[list[Service], list[Service]]:
+    """The processes to start (`workers` replicas of each worker), and the services
+    skipped because they cannot run yet."""
+    procs: list[Service] = []
     skipped: list[Service] = []
     for service in fleet:
         if not runnable(service.module):
             skipped.append(service)
             continue
-        replicas, env = service.replicas, dict(service.env)
-        if service.module == "services.worker":
+        replicas, env = 1, dict(service.env)
+        if service.kind == "worker":
             replicas, env = workers, {**env, "SY_ENGINE": engine}
-        if service.module == "services.edge":
+        if service.kind == "edge":
             env = {**env, "SY_PORT": str(edge_port)}
         for i in range(1, replicas + 1):
             name = service.name if replicas == 1 else f"{service.name}-{i}"
-            argv = (sys.executable, "-m", service.module)
-            procs.append(Process(name, argv, env, service.user))
+            procs.append(Service(name, service.module, env, service.nats_user or service.name))
     return procs, skipped
+
+
+def roster(procs: list[Service]) -> Roster:
+    """What `launch` starts and waits for: every pool's workers, the edge's `/readyz`."""
+    partitions = Settings().partitions  # the children read the same SY_PARTITIONS
+    routed = any(p.kind == "router" for p in procs)
+    workers = Counter(p.env["SY_POOL"] for p in procs if p.kind == "worker" and "SY_POOL" in p.env)
+    pools = tuple(PoolReady(pool, n, partitions, routed) for pool, n in workers.items())
+    return Roster(tuple(procs), pools, partitions, edge_url(procs))
 
 
 @dataclass(frozen=True)
@@ -173,14 +157,14 @@ def auth_users() -> set[str]:
     return {name.lower() for name in found}
 
 
-def secure(procs: list[Process], creds: Credentials) -> list[Process]:
+def secure(procs: list[Service], creds: Credentials) -> list[Service]:
     """Each process connects as its own NATS user."""
-    return [Process(p.name, p.argv, {**p.env, **creds.client_env(p.user)}, p.user) for p in procs]
+    return [dataclasses.replace(p, env={**p.env, **creds.client_env(p.nats_user)}) for p in procs]
 
 
-def edge_url(procs: list[Process]) -> str | None:
+def edge_url(procs: list[Service]) -> str | None:
     for p in procs:
-        if p.argv[-1] == "services.edge":
+        if p.kind == "edge":
             return f"http://127.0.0.1:{p.env.get('SY_PORT', '8080')}"
     return None
 
@@ -192,32 +176,6 @@ def first_request(url: str) -> str:
         """-d '{"model":"default","messages":[{"role":"user","content":"Say hi"}],"""
         """"max_tokens":12}'"""
     )
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:  # noqa: S310 - ours
-            return int(resp.status) == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-async def announce_edge(url: str, stop: asyncio.Event) -> None:
-    """Print where the edge listens and a first request, once it says it is ready."""
-    deadline = time.monotonic() + EDGE_READY_TIMEOUT
-    while not stop.is_set() and time.monotonic() < deadline:
-        if await asyncio.to_thread(_ready, url):
-            status("edge", "green", "●", f"ready: {url}/v1 (OpenAI-compatible); try")
-            console.print(f"  {first_request(url)}", markup=False)
-            return
-        await asyncio.sleep(1.0)
-    if not stop.is_set():
-        status("edge", "yellow", "●", f"{url}/readyz not ready after {EDGE_READY_TIMEOUT:.0f} s")
-
-
-def _host_port(url: str) -> tuple[str, int]:
-    u = urlparse(url)
-    return u.hostname or "127.0.0.1", u.port or 4222
 
 
 def start_nats(
@@ -271,125 +229,89 @@ def describe(topology: Topology) -> str:
     )
 
 
-async def _quiet() -> None:
-    """Closing our own short connection is not worth a warning."""
-
-
-async def provision_fleet(url: str, creds: Credentials | None = None) -> str:
-    auth: dict[str, Any] = {}
-    if creds is not None:
-        auth = {"nats_user": ADMIN_USER, "nats_password": creds.passwords[ADMIN_USER]}
-    settings = TopologySettings(nats_url=url, **auth)
-    bus = await asyncio.wait_for(connect(settings, "sy-up", disconnected_cb=_quiet), 30)
-    try:
-        changes = await provision(bus.js, build_topology(settings))
-    finally:
-        await bus.close()
-    counts: dict[str, int] = {}
-    for change in changes:
-        counts[change.action] = counts.get(change.action, 0) + 1
+def changes(provisioned: list[Change]) -> str:
+    counts = Counter(change.action for change in provisioned)
     return ", ".join(f"{n} {action}" for action, n in sorted(counts.items()))
 
 
-async def pump(prefix: Text, stream: asyncio.StreamReader) -> None:
-    """Copy a child's output line by line, prefixed with its name."""
-    while True:
-        try:
-            line = await stream.readline()
-        except ValueError:  # a line over the reader's limit; it has been discarded
-            console.print(prefix + Text("[line too long, dropped]", "dim"))
-            continue
-        if not line:
-            return
-        console.print(prefix + Text(line.decode(errors="replace").rstrip("\r\n")))
+async def announce(fleet: Fleet, view: LogView) -> None:
+    """Once the fleet is ready, one line for the start-up (instead of one per partition
+    move), then where the edge listens and a first request to try."""
+    try:
+        pools = await fleet.wait_ready(READY_TIMEOUT)
+    except NotReady as exc:
+        held = view.started()
+        status("fleet", "yellow", "●", str(exc) + (f" (held back: {held})" if held else ""))
+        return
+    except FleetError:  # a service exited: the supervisor says so and stops the fleet
+        return
+    except Exception as exc:  # e.g. NATS refused our own connection: say so, keep running
+        status("fleet", "yellow", "●", f"could not tell whether it is ready: {exc}")
+        return
+    held = view.started()
+    served = "; ".join(pool.describe() for pool in pools) or "no worker pools"
+    status("fleet", "green", "●", f"ready: {served}" + (f" (not shown: {held})" if held else ""))
+    if fleet.edge_url is not None:
+        status("edge", "green", "●", f"ready: {fleet.edge_url}/v1 (OpenAI-compatible); try")
+        console.print(f"  {first_request(fleet.edge_url)}", markup=False)
 
 
-def _signal_group(child: asyncio.subprocess.Process, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.pid, sig)  # the child leads its own session and process group
-
-
-async def stop_children(
-    children: dict[str, asyncio.subprocess.Process], color: dict[str, str]
-) -> bool:
-    """SIGTERM every live child, SIGKILL what is left after GRACE; False if anything was killed."""
-    live = {n: c for n, c in children.items() if c.returncode is None}
-    for child in live.values():
-        _signal_group(child, signal.SIGTERM)
-    waits = {n: asyncio.ensure_future(c.wait()) for n, c in live.items()}
-    if waits:
-        await asyncio.wait(waits.values(), timeout=GRACE)
-    clean = True
-    for name, child in live.items():
-        if child.returncode is None:
-            clean = False
-            _signal_group(child, signal.SIGKILL)
-            await child.wait()
-            status(name, "red", "✗", f"killed after {GRACE:.0f} s without exiting")
-        else:
-            status(name, color[name], "■", f"stopped (exit {child.returncode})")
-    return clean
-
-
-async def supervise(procs: list[Process], url: str, nats: EmbeddedNats | None) -> int:
+async def supervise(
+    procs: list[Service], url: str, nats: EmbeddedNats | None, creds: Credentials | None,
+    log_format: LogFormat,
+) -> int:  # fmt: skip
+    """Run `procs` until Ctrl-C/SIGTERM or one of them exits; the exit status."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    width = max(len(p.name) for p in procs)
-    color = {p.name: c for p, c in zip(procs, itertools.cycle(COLORS), strict=False)}
-    children: dict[str, asyncio.subprocess.Process] = {}
-    pumps: list[asyncio.Task[None]] = []
-    announcer: asyncio.Task[None] | None = None
+    view = LogView(console, [p.name for p in procs], pretty=pretty(log_format, console.is_terminal))
+    admin = (ADMIN_USER, creds.passwords[ADMIN_USER]) if creds is not None else None
+    topology = describe(build_topology(TopologySettings(nats_url=url)))
     code = 0
-    try:
-        for p in procs:
-            env = {**os.environ, **p.env, "SY_NATS_URL": url, "PYTHONUNBUFFERED": "1"}
-            child = await asyncio.create_subprocess_exec(
-                *p.argv,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-                limit=1024 * 1024,
-            )
-            children[p.name] = child
-            status(p.name, color[p.name], "●", f"pid {child.pid}: {p.describe()}")
-            assert child.stdout is not None
-            prefix = Text(f"{p.name:<{width}} │ ", color[p.name])
-            pumps.append(asyncio.create_task(pump(prefix, child.stdout)))
-        edge = edge_url(procs)
-        if edge is not None:
-            announcer = asyncio.create_task(announce_edge(edge, stop))
-        exits = {asyncio.ensure_future(c.wait()): n for n, c in children.items()}
-        stopping = asyncio.ensure_future(stop.wait())
-        while not stop.is_set():
-            done, _ = await asyncio.wait(
-                [stopping, *exits], timeout=0.5, return_when=asyncio.FIRST_COMPLETED
-            )
-            dead = [exits[t] for t in done if t in exits]
-            if dead:
-                for name in dead:
-                    rc = children[name].returncode
-                    status(name, "red", "✗", f"exited with {rc}; stopping the fleet")
-                code = 1
-                break
-            if nats is not None and nats.proc is not None and nats.proc.poll() is not None:
-                rc = nats.proc.returncode
-                status("nats", "red", "✗", f"nats-server exited with {rc}; stopping the fleet")
-                code = 1
-                break
-        if stop.is_set():
-            console.print(f"stopping the fleet (SIGTERM, then SIGKILL after {GRACE:.0f} s)")
-        stopping.cancel()
-    finally:
-        if announcer is not None:
+    exited: set[str] = set()  # reported when they exited, not again when the rest stops
+    async with launch(
+        roster(procs), nats_url=url, credentials=admin, on_output=view.line, ready_timeout=None,
+        grace=GRACE,
+    ) as fleet:  # fmt: skip
+        status("provision", "green", "●", f"{topology}: {changes(fleet.provisioned)}")
+        if not procs and nats is None:
+            console.print("no service can run yet: nothing to supervise")
+            return code
+        if not procs:
+            console.print("no service can run yet; the embedded NATS stays up until Ctrl-C")
+        children = fleet.processes.children if fleet.processes is not None else []
+        for p, child in zip(procs, children, strict=True):
+            status(p.name, view.color(p.name), "●", f"pid {child.pid}: {p.describe()}")
+        announcer = asyncio.create_task(announce(fleet, view))
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.5)
+                dead = [c for c in children if not c.alive()]
+                for child in dead:
+                    exited.add(child.name)
+                    rc = child.proc.returncode
+                    status(child.name, "red", "✗", f"exited with {rc}; stopping the fleet")
+                if dead:
+                    code = 1
+                    break
+                if nats is not None and nats.proc is not None and nats.proc.poll() is not None:
+                    rc = nats.proc.returncode
+                    status("nats", "red", "✗", f"nats-server exited with {rc}; stopping the fleet")
+                    code = 1
+                    break
+            if stop.is_set():
+                console.print(f"stopping the fleet (SIGTERM, then SIGKILL after {GRACE:.0f} s)")
+        finally:
             announcer.cancel()
-        if not await stop_children(children, color):
-            code = code or 1
-        if pumps:
-            await asyncio.wait(pumps, timeout=2)
+            for stopped in await fleet.stop():
+                if stopped.killed:
+                    code = code or 1
+                    status(stopped.name, "red", "✗", f"killed after {GRACE:.0f} s without exiting")
+                elif stopped.name not in exited:
+                    mark = f"stopped (exit {stopped.returncode})"
+                    status(stopped.name, view.color(stopped.name), "■", mark)
     return code
 
 
@@ -419,10 +341,18 @@ def register(app: typer.Typer) -> None:
                 help=f"embedded NATS with the per-service users of {NATS_AUTH}",
             ),
         ] = False,
+        log_format: Annotated[
+            LogFormat,
+            typer.Option(
+                "--log-format",
+                help="the services' logs: pretty (for a person), json (as logged), or auto "
+                "(pretty on a terminal, json into a file or a pipe)",
+            ),
+        ] = "auto",
     ) -> None:
         """Run the fleet locally: NATS (embedded unless reachable), topology, every service."""
         url = nats_url or Settings().nats_url
-        host, port = _host_port(url)
+        host, port = host_port(url)
         external = reachable(host, port)
         procs, skipped = plan(FLEET, workers=workers, engine=engine, edge_port=edge_port)
         topology = build_topology(TopologySettings(nats_url=url))
@@ -432,7 +362,7 @@ def register(app: typer.Typer) -> None:
             if external:
                 status("nats", "red", "✗", f"--secure needs its own nats-server: {url} is taken")
                 raise typer.Exit(1)
-            creds = Credentials.fresh(auth_users() | {p.user for p in procs})
+            creds = Credentials.fresh(auth_users() | {p.nats_user for p in procs})
             procs = secure(procs, creds)
 
         if external:
@@ -468,19 +398,7 @@ def register(app: typer.Typer) -> None:
                 admin = nats_dir / "admin.env"
                 write_admin_env(admin, url, creds)
                 status("nats", "green", "●", f"per-service users; operator credentials in {admin}")
-            summary = asyncio.run(provision_fleet(url, creds))
-            status("provision", "green", "●", f"{describe(topology)}: {summary}")
-            if procs:
-                code = asyncio.run(supervise(procs, url, server))
-            elif server is not None:
-                console.print("no service can run yet; the embedded NATS stays up until Ctrl-C")
-                with contextlib.suppress(KeyboardInterrupt):
-                    assert server.proc is not None
-                    server.proc.wait()
-                if server.proc is not None and server.proc.returncode is not None:
-                    code = 1
-            else:
-                console.print("no service can run yet: nothing to supervise")
+            code = asyncio.run(supervise(procs, url, server, creds, log_format))
         except KeyboardInterrupt:
             code = 130
         except (OSError, RuntimeError, SwitchyardError) as exc:  # no traceback for the expected

@@ -26,12 +26,13 @@ import httpx
 
 from switchyard.bench.peers import peers, simfleet
 from switchyard.bench.peers.clients import Outcome, http_chat, nats_generate
-from switchyard.bench.peers.procs import ProcessGroup, free_port
 from switchyard.bench.peers.rounds import Send, interleave
 from switchyard.bench.peers.stats import Latency
 from switchyard.bench.peers.syfleet import POOL, TENANT, edge_headers, switchyard_fleet
 from switchyard.bench.peers.workload import overhead_messages
+from switchyard.fleet import FleetError, ProcessGroup
 from switchyard.messages.inference import ChatMessage, GenerateRequest, Sampling
+from switchyard.ports import free_port
 
 DIRECT, VLLM, SMG, SY_EDGE, SY_NATS = (
     "direct sim-server", "vllm-router", "smg", "switchyard edge", "switchyard nats",
@@ -86,12 +87,15 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
         for column, make in ((VLLM, peers.vllm_router), (SMG, peers.smg)):
             port = free_port()
             cmd = make(port, free_port(), [backend], "cache_aware")
-            child = group.start(cmd.name.replace(" ", "-"), cmd.argv)
+            child = group.start(cmd.name.replace(" ", "-"), cmd.argv, cmd.env)
             url = f"http://127.0.0.1:{port}"
             await asyncio.to_thread(group.wait_http, child, url + cmd.health_path, 90)
             routers[column] = url
-        async with switchyard_fleet(group, workers=1, delay_scale=0.0, edge=True) as fleet:
-            assert fleet.edge_url is not None
+        async with switchyard_fleet(
+            log_dir / "overhead", workers=1, delay_scale=0.0, edge=True
+        ) as fleet:
+            if fleet.edge_url is None:
+                raise FleetError("the Switchyard fleet was started without its edge")
             limits = httpx.Limits(max_connections=cfg.concurrency * 2)
             clients = {
                 DIRECT: httpx.AsyncClient(base_url=backend, limits=limits, timeout=60),

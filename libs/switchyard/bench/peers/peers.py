@@ -20,10 +20,10 @@ import importlib.metadata
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from switchyard.bench.peers.procs import PeerStartError
+from switchyard.fleet import FleetError
 
 VLLM_ROUTER = "vllm-router"
 SMG = "smg"
@@ -34,6 +34,9 @@ class PeerCommand:
     name: str  # column label
     argv: list[str]
     health_path: str  # answers 200 once the peer routes
+    # Their Rust logging would otherwise log every request at INFO whatever their
+    # --log-level, which costs them time in a benchmark.
+    env: dict[str, str] = field(default_factory=lambda: {"RUST_LOG": "warn"})
 
 
 def binary(name: str) -> str:
@@ -43,7 +46,7 @@ def binary(name: str) -> str:
         return str(beside)
     found = shutil.which(name)
     if found is None:
-        raise PeerStartError(
+        raise FleetError(
             f"`{name}` is not installed: install the bench extra "
             f"(`.venv/bin/pip install -e '.[bench]'` or `make bench-peers`)"
         )

@@ -36,10 +36,11 @@ import httpx
 
 from switchyard.bench.peers import peers, simfleet
 from switchyard.bench.peers.clients import Outcome, http_chat, nats_generate
-from switchyard.bench.peers.procs import ProcessGroup, free_port
 from switchyard.bench.peers.stats import Latency, delta, hit_rate, imbalance
 from switchyard.bench.peers.syfleet import POOL, TENANT, switchyard_fleet
 from switchyard.bench.peers.workload import AgentStep
+from switchyard.fleet import ProcessGroup
+from switchyard.ports import free_port
 
 SWITCHYARD = "switchyard affinity"
 PEER_POLICIES: tuple[tuple[str, str], ...] = (
@@ -147,7 +148,7 @@ async def _peer_policy(
     async with httpx.AsyncClient(timeout=60) as admin:
         await simfleet.reset(admin, backends)
         before = await simfleet.scrape(admin, backends)
-        child = group.start(cmd.name.replace(" ", "-"), cmd.argv)
+        child = group.start(cmd.name.replace(" ", "-"), cmd.argv, cmd.env)
         try:
             url = f"http://127.0.0.1:{port}"
             await asyncio.to_thread(group.wait_http, child, url + cmd.health_path, 90)
@@ -172,9 +173,9 @@ async def _peer_policy(
     return _row(run, hit_rate(before, after), requests, busy, modelled)
 
 
-async def _switchyard(cfg: RoutingConfig, group: ProcessGroup) -> PolicyRow:
+async def _switchyard(cfg: RoutingConfig, log_dir: Path) -> PolicyRow:
     async with switchyard_fleet(
-        group, workers=cfg.backends, delay_scale=cfg.delay_scale, edge=False
+        log_dir, workers=cfg.backends, delay_scale=cfg.delay_scale, edge=False
     ) as fleet:
 
         async def send(step: AgentStep) -> Outcome:
@@ -205,8 +206,7 @@ async def _measure(cfg: RoutingConfig, log_dir: Path) -> RoutingResult:
                     cfg, group, backends, peer, policy
                 )
     if SWITCHYARD in cfg.policies:
-        with ProcessGroup(log_dir / "routing-switchyard") as group:
-            result.rows[SWITCHYARD] = await _switchyard(cfg, group)
+        result.rows[SWITCHYARD] = await _switchyard(cfg, log_dir / "routing-switchyard")
     return result
 
 

@@ -8,8 +8,9 @@ from typing import Any
 
 import httpx
 
-from switchyard.bench.peers.procs import ProcessGroup, free_port
 from switchyard.bench.peers.stats import Sample, parse_metrics
+from switchyard.fleet import ProcessGroup
+from switchyard.ports import free_port
 
 MODEL = "sim"
 
