@@ -5,7 +5,7 @@ Units: see `units` (GB = 10^9 bytes, GiB = 2^30 bytes).
 """
 
 from switchyard.capacity.cost import cost_per_million_tokens, cost_per_thousand_requests
-from switchyard.capacity.errors import CapacityInputError
+from switchyard.capacity.errors import CapacityInputError, ModelDoesNotFit
 from switchyard.capacity.interconnect import ReplicaAdvice, advise, smallest_replica
 from switchyard.capacity.latency import StepLatency
 from switchyard.capacity.memory import (
@@ -24,14 +24,14 @@ from switchyard.capacity.performance import (
 )
 from switchyard.capacity.plan import CapacityPlan, PlanRequest, plan
 from switchyard.capacity.presets import GPUS, MODELS, GpuSpec, ModelSpec, gpu_preset, model_preset
-from switchyard.capacity.units import GB, UNITS_NOTE, GiB, MemUnit, MiB
+from switchyard.capacity.units import GB, UNITS_NOTE, GiB, MemUnit, MiB, parse_params
 
 __all__ = [
     "GB", "GPUS", "MODELS", "UNITS_NOTE", "CapacityInputError", "CapacityPlan", "GiB",
-    "GpuSpec", "Hardware", "MemUnit", "MemoryInput", "MemoryPlan", "MiB", "ModelSpec",
-    "PlanRequest", "ReplicaAdvice", "StepLatency", "advise", "cost_per_million_tokens",
+    "GpuSpec", "Hardware", "MemUnit", "MemoryInput", "MemoryPlan", "MiB", "ModelDoesNotFit",
+    "ModelSpec", "PlanRequest", "ReplicaAdvice", "StepLatency", "advise", "cost_per_million_tokens",
     "cost_per_thousand_requests",
     "decode_step_seconds", "decode_tokens_per_second", "gpu_preset", "kv_bytes_per_token",
-    "max_batch_for_tpot", "max_concurrency", "model_preset", "plan", "plan_memory",
-    "prefill_seconds", "smallest_replica",
+    "max_batch_for_tpot", "max_concurrency", "model_preset", "parse_params", "plan",
+    "plan_memory", "prefill_seconds", "smallest_replica",
 ]  # fmt: skip

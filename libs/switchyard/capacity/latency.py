@@ -8,7 +8,7 @@ further token ([S2] §2):
     O_max    = floor((SLO − fixed − TTFT) / TPOT) + 1      (0 if SLO < fixed + TTFT)
 
 For the agent, output length dominates: every extra token costs a whole TPOT,
-which is why actions are short, schema-constrained JSON (ARCHITECTURE §2).
+which is why actions are short, schema-constrained JSON (ARCHITECTURE.md, Design rules).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from switchyard.capacity.units import GB, GiB, MemUnit
+from switchyard.capacity.units import GB, MAX_PARAMS, GiB, MemUnit
 
 # Floating error in e.g. 43.2 − 14 − 4 must not turn an exact 6.0 into 5.
 _FLOOR_EPSILON = 1e-9
@@ -44,7 +44,7 @@ class MemoryInput(BaseModel):
     gpus: int = Field(1, ge=1, description="GPUs in one replica (tensor parallel degree)")
     util: float = Field(0.9, gt=0, le=1, description="fraction of memory the engine may use")
     overhead: float = Field(ge=0, description="activations + workspace per replica, mem_unit")
-    params_b: float = Field(gt=0, description="parameters, billions")
+    params_b: float = Field(gt=0, le=MAX_PARAMS / 1e9, description="parameters, billions")
     weight_bytes: float = Field(2, gt=0, description="bytes per parameter (FP16 2, FP8 1)")
     weights: float | None = Field(None, ge=0, description="weights in mem_unit, overrides P×b_w")
     layers: int = Field(ge=1)

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from switchyard.capacity.cost import cost_per_million_tokens, cost_per_thousand_requests
+from switchyard.capacity.errors import ModelDoesNotFit
 from switchyard.capacity.interconnect import TP_DEGREES, ReplicaAdvice, advise
 from switchyard.capacity.latency import StepLatency
 from switchyard.capacity.memory import MemoryInput, MemoryPlan, plan_memory
@@ -36,6 +37,10 @@ from switchyard.capacity.units import GB, UNITS_NOTE, MemUnit
 DEFAULT_OVERHEAD_PER_GPU = 4.0
 # Network + image preprocessing + routing + JSON parse of an agent step when none is given.
 DEFAULT_FIXED_MS = 30.0
+# Longer than any context window a model ships with: a bigger figure is a typo.
+MAX_CONTEXT = 2**24
+# Bytes per weight or KV element: 4 is FP32, the widest format an engine serves.
+MAX_ELEMENT_BYTES = 4
 
 
 class PlanRequest(BaseModel):
@@ -52,10 +57,10 @@ class PlanRequest(BaseModel):
     gpus: int | None = Field(None, ge=1, description="per replica; None = smallest that fits")
     util: float = Field(0.9, gt=0, le=1)
     overhead: float | None = Field(None, ge=0, description="per replica; None = 4 per GPU")
-    weight_bytes: float = Field(2, gt=0)
+    weight_bytes: float = Field(2, gt=0, le=MAX_ELEMENT_BYTES)
     weights: float | None = Field(None, ge=0)
-    kv_bytes: float = Field(2, gt=0)
-    context: int = Field(ge=1)
+    kv_bytes: float = Field(2, gt=0, le=MAX_ELEMENT_BYTES)
+    context: int = Field(ge=1, le=MAX_CONTEXT)
     block_tokens: int = Field(16, ge=1)
     mem_unit: MemUnit = MemUnit.GB
     bw_efficiency: float = Field(DEFAULT_BW_EFFICIENCY, gt=0, le=1)
@@ -84,9 +89,14 @@ class PlanRequest(BaseModel):
             raise ValueError("target_rps needs output_tokens (tokens generated per request)")
         return self
 
-    @property
-    def has_performance(self) -> bool:
-        return self.bandwidth_gbs is not None and self.dense_tflops is not None
+    def hardware(self, gpus: int) -> Hardware | None:
+        """The compute of a replica of `gpus` GPUs; None without bandwidth and FLOPs."""
+        if self.bandwidth_gbs is None or self.dense_tflops is None:
+            return None
+        return Hardware(
+            bandwidth_gbs=self.bandwidth_gbs, dense_tflops=self.dense_tflops, gpus=gpus,
+            bw_efficiency=self.bw_efficiency, mfu=self.mfu,
+        )  # fmt: skip
 
     @property
     def effective_prompt_tokens(self) -> int:
@@ -198,12 +208,34 @@ def _ceil_div(a: float, b: float) -> int:
     return math.ceil(a / b - 1e-9)
 
 
+def _no_kv_budget(
+    req: PlanRequest, mem: MemoryPlan, gpus: int, advice: ReplicaAdvice
+) -> ModelDoesNotFit:
+    taken = mem.weights_bytes + mem.overhead_bytes
+    reason = (
+        f"{req.model.name} does not fit {gpus} × {req.gpu_name}: weights "
+        f"{mem.weights_bytes / GB:.2f} GB + overhead {mem.overhead_bytes / GB:.2f} GB exceed "
+        f"the usable {mem.usable_bytes / GB:.2f} GB by {(taken - mem.usable_bytes) / GB:.2f} GB"
+    )
+    fewest = advice.tensor_parallel
+    if fewest is not None and fewest > gpus:
+        reason += f"; a replica of {fewest} GPUs holds it"
+    elif fewest is None:
+        reason += f"; not even {TP_DEGREES[-1]} GPUs hold it: quantise the weights"
+    return ModelDoesNotFit(reason)
+
+
 def plan(req: PlanRequest) -> CapacityPlan:
-    """Compute a plan; infeasible parts are reported in `fleet.problems`, not raised."""
+    """Compute a plan; infeasible parts are reported in `fleet.problems`, not raised.
+
+    Raises `ModelDoesNotFit` when weights and overhead leave no KV budget at all.
+    """
     per_gpu_overhead = DEFAULT_OVERHEAD_PER_GPU if req.overhead is None else None
     advice = advise(_memory_input(req, req.gpus or 1), req.nvlink, per_gpu_overhead)
     replica_gpus = req.gpus or advice.tensor_parallel or TP_DEGREES[-1]
     mem = plan_memory(_memory_input(req, replica_gpus))
+    if mem.kv_budget_bytes <= 0:
+        raise _no_kv_budget(req, mem, replica_gpus, advice)
     problems: list[str] = []
     if not mem.fits:
         problems.append(
@@ -215,12 +247,8 @@ def plan(req: PlanRequest) -> CapacityPlan:
     agent: AgentBudget | None = None
     b_slo: int | None = None
     ttft_ok: bool | None = None
-    if req.has_performance:
-        assert req.bandwidth_gbs is not None and req.dense_tflops is not None
-        hw = Hardware(
-            bandwidth_gbs=req.bandwidth_gbs, dense_tflops=req.dense_tflops, gpus=replica_gpus,
-            bw_efficiency=req.bw_efficiency, mfu=req.mfu,
-        )  # fmt: skip
+    hw = req.hardware(replica_gpus)
+    if hw is not None:
         tokens, per_tok, w = mem.kv_tokens_per_request, mem.kv_bytes_per_token, mem.weights_bytes
         batch = mem.max_concurrency
         if req.slo_tpot_ms is not None:
@@ -281,9 +309,12 @@ def plan(req: PlanRequest) -> CapacityPlan:
                 price, replica_gpus, perf.requests_per_s, req.utilisation
             )
 
-    if perf is not None and (req.step_slo_ms is not None or req.output_tokens is not None):
-        assert req.bandwidth_gbs is not None and req.dense_tflops is not None
-        agent = _agent_budget(req, mem, perf, fleet, replica_gpus)
+    if (
+        hw is not None
+        and perf is not None
+        and (req.step_slo_ms is not None or req.output_tokens is not None)
+    ):
+        agent = _agent_budget(req, mem, perf, fleet, hw)
     return CapacityPlan(
         request=req, memory=mem, interconnect=advice, performance=perf, fleet=fleet,
         cost_per_million_output_tokens=cost, cost_per_thousand_requests=cost_1k, agent=agent,
@@ -291,17 +322,12 @@ def plan(req: PlanRequest) -> CapacityPlan:
 
 
 def _agent_budget(
-    req: PlanRequest, mem: MemoryPlan, perf: Performance, fleet: Fleet, replica_gpus: int
+    req: PlanRequest, mem: MemoryPlan, perf: Performance, fleet: Fleet, hw: Hardware
 ) -> AgentBudget:
     """Step latency at the batch each replica really runs (the target spread over replicas)."""
-    assert req.bandwidth_gbs is not None and req.dense_tflops is not None
     batch = max(perf.batch, 1)
     if req.concurrency is not None and fleet.replicas:
         batch = max(1, min(batch, _ceil_div(req.concurrency, fleet.replicas)))
-    hw = Hardware(
-        bandwidth_gbs=req.bandwidth_gbs, dense_tflops=req.dense_tflops, gpus=replica_gpus,
-        bw_efficiency=req.bw_efficiency, mfu=req.mfu,
-    )  # fmt: skip
     tpot_s = decode_step_seconds(
         hw, mem.weights_bytes, mem.kv_bytes_per_token, batch, mem.kv_tokens_per_request
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from switchyard.capacity.errors import CapacityInputError
+from switchyard.capacity.units import MAX_PARAMS
 
 
 class ModelSpec(BaseModel):
@@ -28,7 +29,7 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
-    params_b: float = Field(gt=0, description="total parameters, billions")
+    params_b: float = Field(gt=0, le=MAX_PARAMS / 1e9, description="total parameters, billions")
     layers: int = Field(ge=1)
     kv_heads: int = Field(ge=1)
     head_dim: int = Field(ge=1)

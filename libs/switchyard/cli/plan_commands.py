@@ -1,4 +1,10 @@
-"""`sy plan`: capacity planning from first principles (see deploy/capacity.md)."""
+"""`sy plan`: capacity planning from first principles (see deploy/capacity.md).
+
+An input that cannot describe a deployment (a negative figure, an unreadable
+parameter count, a model whose weights leave no room for a KV cache) is refused
+with one `error: ...` line per problem on stderr and exit status 2, as typer's
+own usage errors are: never a traceback, never a plan built on it.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from switchyard.capacity import (
     PlanRequest,
     gpu_preset,
     model_preset,
+    parse_params,
     plan,
 )
 from switchyard.capacity.performance import DEFAULT_BW_EFFICIENCY, DEFAULT_MFU
@@ -29,19 +36,42 @@ from switchyard.capacity.plan import DEFAULT_FIXED_MS
 console = Console()
 err_console = Console(stderr=True)
 
+# The flag behind each input field, where its name is not the flag's (`--<field>`).
+_FLAGS = {
+    "params_b": "--params", "gpu_mem": "--gpu-mem-gb", "overhead": "--overhead-gb",
+    "weights": "--weights-gb", "dense_tflops": "--tflops",
+}  # fmt: skip
+
+
+def _flag(loc: tuple[int | str, ...]) -> str:
+    field = str(loc[-1])
+    return _FLAGS.get(field, f"--{field.replace('_', '-')}")
+
+
+def _params(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_params(text)
+    except CapacityInputError as exc:
+        raise CapacityInputError(f"--params: {exc.reason}") from None
+
 
 def _model(
-    preset: str | None, params: float | None, layers: int | None, kv_heads: int | None,
+    preset: str | None, params: str | None, layers: int | None, kv_heads: int | None,
     head_dim: int | None,
 ) -> ModelSpec:  # fmt: skip
-    explicit = {"params_b": params, "layers": layers, "kv_heads": kv_heads, "head_dim": head_dim}
+    explicit = {
+        "params_b": _params(params), "layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
+    }  # fmt: skip
     given = {k: v for k, v in explicit.items() if v is not None}
     if preset is not None:
-        return model_preset(preset).model_copy(update=given)
+        # Validated, not `model_copy(update=...)`: an override must meet the same bounds.
+        return ModelSpec.model_validate({**model_preset(preset).model_dump(), **given})
     missing = [f"--{k.removesuffix('_b').replace('_', '-')}" for k in explicit if k not in given]
     if missing:
         raise CapacityInputError(f"without --model, give {' '.join(missing)}")
-    return ModelSpec(name="custom", **given)
+    return ModelSpec.model_validate({"name": "custom", **given})
 
 
 def _gpu(
@@ -170,7 +200,9 @@ def _render(result: CapacityPlan) -> None:
 def plan_cmd(
     model: str | None = typer.Option(None, "--model", help=f"preset: {', '.join(MODELS)}"),
     gpu: str | None = typer.Option(None, "--gpu", help=f"preset: {', '.join(GPUS)}"),
-    params: float | None = typer.Option(None, "--params", help="parameters, billions"),
+    params: str | None = typer.Option(
+        None, "--params", help="parameters: 70e9, 70B, 7.6b, 135M; bare < 10000 = billions"
+    ),
     layers: int | None = typer.Option(None, "--layers"),
     kv_heads: int | None = typer.Option(None, "--kv-heads"),
     head_dim: int | None = typer.Option(None, "--head-dim"),
@@ -232,15 +264,17 @@ def plan_cmd(
             redundancy=redundancy, gpu_price_per_hour=gpu_price_per_hour,
             utilisation=utilisation, step_slo_ms=step_slo_ms, fixed_ms=fixed_ms,
         )  # fmt: skip
-    except CapacityInputError as exc:
-        err_console.print(f"error: {exc.reason}")
+        result = plan(request)
+    except CapacityInputError as exc:  # ModelDoesNotFit included
+        err_console.print(f"error: {exc.reason}", soft_wrap=True)
         raise typer.Exit(2) from None
     except ValidationError as exc:
         for e in exc.errors():
-            where = ".".join(str(p) for p in e["loc"]) or "input"
-            err_console.print(f"error: {where}: {e['msg']}")
+            # A cross-field check has no field of its own: its message names the inputs.
+            msg = e["msg"].removeprefix("Value error, ")
+            where = f"{_flag(e['loc'])}: " if e["loc"] else ""
+            err_console.print(f"error: {where}{msg}", soft_wrap=True)
         raise typer.Exit(2) from None
-    result = plan(request)
     if as_json:
         print(json.dumps(result.as_dict()))
         return
