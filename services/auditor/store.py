@@ -22,7 +22,8 @@ from switchyard.sqldb.auditchain import AUDIT_TABLE, canonical, content_hash
 from switchyard.sqldb.settings import DatabaseSettings, auditor_password, naming
 
 # Result rows never reach the auditor: the event model has no field for them.
-assert "rows" not in AuditEvent.model_fields, "AuditEvent must never carry result rows"
+if "rows" in AuditEvent.model_fields:
+    raise ImportError("AuditEvent must never carry result rows: the auditor refuses to load")
 
 # The `question` column is TEXT (64 KiB): 4-byte characters fit this many.
 MAX_QUESTION = 16_000

@@ -368,7 +368,8 @@ class Pipeline:
                 attempt = await self._through_walls(run, sql)
             if attempt.ok:
                 return await self._finish(run, attempt, path, attempts=attempt_no)
-            assert attempt.failure is not None
+            if attempt.failure is None:
+                raise SwitchyardError("an attempt that is not ok carries no failure")
             if attempt_no == 2:
                 break
             # What is new for the retry, capped so the retry still fits the context.
@@ -426,7 +427,8 @@ class Pipeline:
 
     async def _through_walls(self, run: Run, sql: str) -> Attempt:
         ask, database = run.ask, run.policy.database
-        assert database is not None
+        if database is None:
+            raise SwitchyardError(f"tenant {ask.tenant}'s policy names no database")
         attempt = Attempt(sql)
         t = time.perf_counter()
         verdict = await self.guard.validate(
@@ -439,7 +441,8 @@ class Pipeline:
             reason = verdict.error.reason if verdict.error else "refused"
             attempt.failure = prompts.Failure("validation", verdict.rule, reason, [])
             return attempt
-        assert verdict.canonical_sql is not None
+        if verdict.canonical_sql is None:
+            raise SwitchyardError("the validator approved a statement without its canonical SQL")
         key = (ask.tenant, verdict.canonical_sql)
         if not ask.no_cache and (cached := self.results.get(key)) is not None:
             await run.stage("cache", 0.0, cache="result")
@@ -473,7 +476,8 @@ class Pipeline:
         reference: str | None = None,
     ) -> SqlAnswer:  # fmt: skip
         rows, verdict = attempt.rows, attempt.verdict
-        assert rows is not None and verdict is not None
+        if rows is None or verdict is None:
+            raise SwitchyardError("only an attempt that passed the walls is finished")
         summary = None
         if self.options.summary:
             t = time.perf_counter()
