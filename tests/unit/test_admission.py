@@ -256,6 +256,37 @@ def test_queued_token_cap_frees_when_a_queued_request_finishes() -> None:
     assert not adm.admit("acme", "r4", 1, 0, 0).ok
 
 
+# --- usage ---------------------------------------------------------------------------
+
+
+def test_usage_reports_each_tenant_seen_with_its_buckets_refilled_to_now() -> None:
+    clock = Clock()
+    adm = Admission(
+        Policies(tenants={"acme": policy(itpm=6_000, otpm=600), "nova": policy(itpm=60, otpm=60)}),
+        clock,
+    )
+    assert adm.usage(clock.now) == []
+    assert adm.admit("acme", "r1", 1_200, 300, 0).ok
+    assert adm.admit("acme", "r2", 300, 100, 0).ok
+    adm.dispatched("r2")
+    assert not adm.admit("nova", "r3", 61, 0, 0).ok  # refused, but the tenant was seen
+    clock.advance(3.0)  # acme's input refills 100/s: 300 of the 1,500 taken come back
+    usage = {u.tenant: u for u in adm.usage(clock.now)}
+    assert set(usage) == {"acme", "nova"}
+    acme = usage["acme"]
+    assert acme.policy.itpm == 6_000 and acme.policy.otpm == 600
+    assert acme.input_used == pytest.approx(1_200)
+    assert acme.output_used == pytest.approx(400 - 3 * 10)  # otpm 600: 10/s
+    assert acme.inflight == 2
+    assert acme.queued_tokens == 1_500  # r1 still queued; r2 was dispatched
+    nova = usage["nova"]
+    assert (nova.input_used, nova.output_used, nova.inflight, nova.queued_tokens) == (0, 0, 0, 0)
+    adm.finished("r1", None)
+    adm.finished("r2", 100)
+    acme = {u.tenant: u for u in adm.usage(clock.now)}["acme"]
+    assert (acme.inflight, acme.queued_tokens) == (0, 0)
+
+
 # --- never satisfiable ---------------------------------------------------------------
 
 

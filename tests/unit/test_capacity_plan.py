@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import typer
@@ -23,6 +24,7 @@ from switchyard.capacity import (
     MemoryInput,
     MemUnit,
     MiB,
+    ModelDoesNotFit,
     PlanRequest,
     StepLatency,
     advise,
@@ -33,6 +35,7 @@ from switchyard.capacity import (
     kv_bytes_per_token,
     max_batch_for_tpot,
     model_preset,
+    parse_params,
     plan,
     plan_memory,
     prefill_seconds,
@@ -372,7 +375,27 @@ def test_cli_gib_reading_and_presets() -> None:
     agent = run("--model", "qwen3-vl-8b", "--gpu", "rtx-5090", "--context", "4096",
                 "--step-slo-ms", "500", "--output-tokens", "16")  # fmt: skip
     assert agent["gpus_per_replica"] == 1
-    assert isinstance(agent["agent"], dict) and agent["agent"]["max_output_tokens"] >= 0
+    # A 4,080-token uncached prompt: prefill alone (~854 ms) is over the 500 ms step SLO.
+    budget = agent["agent"]
+    assert isinstance(budget, dict)
+    step = budget["step"]
+    assert step["fixed_ms"] + step["ttft_ms"] > 500
+    assert budget["max_output_tokens"] == 0
+    assert budget["step_ms"] == pytest.approx(
+        step["fixed_ms"] + step["ttft_ms"] + 15 * step["tpot_ms"]
+    )
+    # A 1,200-token prompt, 20 % cached, 30 phones: the largest output that meets the SLO.
+    short = run("--model", "qwen3-vl-8b", "--gpu", "rtx-5090", "--context", "2048",
+                "--prompt-tokens", "1200", "--prefix-hit", "0.2", "--concurrency", "30",
+                "--step-slo-ms", "500", "--output-tokens", "16")["agent"]  # fmt: skip
+    assert isinstance(short, dict)
+    o, s = short["max_output_tokens"], short["step"]
+
+    def step_ms(n: int) -> float:
+        return float(s["fixed_ms"] + s["ttft_ms"] + s["tpot_ms"] * (n - 1))
+
+    assert o == 13
+    assert step_ms(o) <= 500 < step_ms(o + 1)
 
 
 def test_cli_table_states_units_and_lists_presets() -> None:
@@ -383,13 +406,91 @@ def test_cli_table_states_units_and_lists_presets() -> None:
     assert set(json.loads(listed.stdout)["gpus"]) == set(GPUS)
 
 
+QWEN_5090 = ["--model", "qwen2.5-7b", "--gpu", "rtx-5090"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [(["--gpu", "rtx-5090"], "without --model"), (["--model", "qwen2.5-7b"], "--gpu-mem-gb"),
      (["--model", "nope", "--gpu", "l40s"], "unknown model preset"),
-     (["--model", "qwen2.5-7b", "--gpu", "l40s", "--util", "2"], "util")],
+     (["--model", "qwen2.5-7b", "--gpu", "l40s", "--util", "2"], "util"),
+     ([*QWEN_5090, "--params", "-7"], "--params: a parameter count must be a positive number"),
+     ([*QWEN_5090, "--params", "0"], "--params: a parameter count must be a positive number"),
+     ([*QWEN_5090, "--params", "seven"], "--params: 'seven' is not a parameter count"),
+     ([*QWEN_5090, "--params", "50000"], "--params: '50000' is ambiguous"),
+     ([*QWEN_5090, "--params", "20T"], "--params: '20T' is 2e+13 parameters"),
+     ([*QWEN_5090, "--layers", "0"], "--layers: Input should be greater than or equal to 1"),
+     ([*QWEN_5090, "--context", "0"], "--context: Input should be greater than or equal to 1"),
+     ([*QWEN_5090, "--context", "99999999"], "--context: Input should be less than or equal"),
+     ([*QWEN_5090, "--weight-bytes", "8"], "--weight-bytes: Input should be less than or equal"),
+     ([*QWEN_5090, "--gpu-mem-gb", "-3"], "--gpu-mem-gb: Input should be greater than 0"),
+     ([*QWEN_5090, "--output-tokens", "9000"], "error: output_tokens 9000 must be < context"),
+     (["--model", "llama-3-70b", "--gpu", "h100-80gb", "--gpus", "1"],
+      "does not fit 1 × H100 80GB SXM")],
 )  # fmt: skip
 def test_cli_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["plan", *args])
     assert result.exit_code == 2
     assert message in result.output
+    assert isinstance(result.exception, SystemExit)  # an exit status, no traceback
+    assert result.stdout == ""  # nothing that looks like a plan
+
+
+# --- reading inputs --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "billions"),
+    [("70e9", 70), ("70B", 70), ("70b", 70), ("70", 70), ("70_000_000_000", 70), (" 70B ", 70),
+     ("7.6b", 7.6), ("7.6", 7.6), ("7.6e9", 7.6), ("135M", 0.135), ("135e6", 0.135),
+     ("1.5T", 1500), ("1e6", 0.001)],
+)  # fmt: skip
+def test_params_read_as_a_count_or_billions(text: str, billions: float) -> None:
+    assert parse_params(text) == pytest.approx(billions)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("0", "positive"), ("-70B", "positive"), ("nan", "positive"), ("inf", "positive"),
+     ("", "not a parameter count"), ("B", "not a parameter count"), ("7x", "not a parameter"),
+     ("10000", "ambiguous"), ("999999", "ambiguous"), ("0.0001", "1e+05 parameters"),
+     ("20T", "2e+13 parameters")],
+)  # fmt: skip
+def test_params_refuses_what_is_no_model(text: str, message: str) -> None:
+    with pytest.raises(CapacityInputError, match=re.escape(message)):
+        parse_params(text)
+
+
+def test_cli_params_as_a_raw_count_means_the_same_as_billions() -> None:
+    """`--params 70e9` used to be read as 70e9 billions: 140 billion GB of weights."""
+    shape = ["--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--gpu-mem-gb", "80",
+             "--gpus", "4", "--overhead-gb", "20", "--context", "8192"]  # fmt: skip
+    outs = [run(*shape, "--params", p) for p in ("70", "70e9", "70B", "70000000000")]
+    assert all(out == outs[0] for out in outs)
+    assert outs[0]["weights_gb"] == pytest.approx(140.0)
+    assert outs[0]["kv_budget_gb"] == pytest.approx(128.0)
+    # The issue's own example, on a preset: the override is read the same way.
+    preset = run("--model", "llama-3-70b", "--gpu", "h100-80gb", "--params", "70e9")
+    assert preset["weights_gb"] == pytest.approx(140.0) and preset["gpus_per_replica"] == 4
+    assert isinstance(preset["kv_budget_gb"], float) and preset["kv_budget_gb"] > 0
+
+
+def test_a_model_that_leaves_no_kv_budget_is_refused_with_the_shortfall() -> None:
+    g = gpu_preset("h100-80gb")
+    one_gpu = PlanRequest(
+        model=model_preset("llama-3-70b").model_copy(update={"params_b": 70}),
+        gpu_name=g.name, gpu_mem=g.memory_gb, gpus=1, context=8192,
+    )  # fmt: skip
+    # 80 GB × 0.9 = 72 GB usable; 140 GB of weights + 4 GB overhead miss it by 72 GB.
+    with pytest.raises(ModelDoesNotFit, match=r"exceed the usable 72\.00 GB by 72\.00 GB") as e:
+        plan(one_gpu)
+    assert "a replica of 4 GPUs holds it" in e.value.reason
+    assert isinstance(e.value, CapacityInputError)  # what `sy plan` prints and exits 2 on
+    huge = one_gpu.model_copy(update={"gpus": None, "model": one_gpu.model.model_copy(
+        update={"params_b": 1000})})  # fmt: skip
+    with pytest.raises(ModelDoesNotFit, match="not even 8 GPUs hold it"):
+        plan(huge)
+    # Weights that fit but leave less than one request's KV are a reported problem, as before.
+    tight = plan(one_gpu.model_copy(update={"gpus": 4, "context": 2**20}))
+    assert tight.fleet.total_gpus is None
+    assert any("does not fit" in problem for problem in tight.fleet.problems)

@@ -20,7 +20,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 from pydantic import BaseModel, Field, StringConstraints, TypeAdapter
 
-from switchyard.engines.base import Delta, Engine, EngineError, EngineRequest
+from switchyard.engines.base import Delta, Engine, EngineError, EngineRequest, ModelsCost
 from switchyard.engines.sim import (
     CONSTRAINED_PLACEHOLDER,
     SimEngine,
@@ -378,6 +378,17 @@ async def test_small_delay_scale_tracks_the_model() -> None:
         modelled = engine.timings("w")
     assert modelled is not None
     assert wall == pytest.approx(modelled.total * 0.5, abs=0.1)
+
+
+async def test_it_reports_the_modelled_cost_as_a_result_carries_it() -> None:
+    async with sim(delay_scale=0.0) as engine:
+        assert isinstance(engine, ModelsCost)
+        await run(engine, text_request("m", "cost " * 100, max_tokens=20))
+        t, modelled = engine.timings("m"), engine.modelled_timings("m")
+        assert engine.modelled_timings("never-ran") is None
+    assert t is not None and modelled is not None
+    assert (modelled.queue, modelled.prefill, modelled.total) == (t.queue, t.prefill, t.total)
+    assert modelled.decode == pytest.approx(t.total - t.queue - t.prefill)
 
 
 # -- abort ----------------------------------------------------------------------

@@ -543,6 +543,22 @@ def test_remove_cancels_a_queued_request() -> None:
     assert q.counters.get("a", 0.0) == 0.0  # a cancelled request costs nothing
 
 
+def test_get_finds_a_queued_request_without_removing_it() -> None:
+    q = make_queue(Clock())
+    a1, b1 = item("a"), item("b")
+    q.push(a1)
+    q.push(b1)
+    assert q.get(a1.request_id) is a1
+    assert q.get("never-queued") is None
+    assert len(q) == 2 and q.depth("a") == 1  # left in place
+    assert q.pick(lambda i: i.tenant == "a") is a1
+    assert q.get(a1.request_id) is None  # picked: no longer queued
+    q.requeue(a1)
+    assert q.get(a1.request_id) is a1
+    q.remove(b1.request_id)
+    assert q.get(b1.request_id) is None
+
+
 def test_settle_charges_the_real_output() -> None:
     clock = Clock()
     q = make_queue(clock, weights={"a": 2.0})

@@ -358,6 +358,25 @@ def test_spill_without_load_or_with_one_worker_does_nothing() -> None:
     assert solo.reconcile([WorkerView("only", 1)], {0: 100.0}, LATER) == []
 
 
+def test_spill_epsilon_bounds_the_spill_apart_from_the_partition_caps() -> None:
+    """Per worker 5.5, 3, 3, 3 (mean 3.625): over 1.25 x the mean, within 2 x."""
+    load = {0: 4.0, 1: 1.5, 2: 1.5, 3: 1.5, 4: 1.5, 5: 1.5, 6: 1.5, 7: 1.5}
+    placement, workers = spill_setup(FOUR)
+    assert [(m.partition, m.src) for m in placement.reconcile(workers, load, LATER)] == [(1, "w0")]
+
+    placement, workers = spill_setup(FOUR)
+    placement.spill_epsilon = 1.0
+    assert placement.reconcile(workers, load, LATER) == []
+    load[0] = 8.0  # w0 now 9.5 > 2 x 4.625
+    assert [(m.partition, m.src) for m in placement.reconcile(workers, load, LATER)] == [(1, "w0")]
+
+    # The partition caps keep `epsilon`: a dead worker's partitions go where they did.
+    wide = Placement(PARTITIONS, epsilon=0.25, spill_cooldown=COOLDOWN, spill_epsilon=1.0)
+    wide.reconcile(pool(4), None, 0.0)
+    assert wide.assignment == placed(pool(4)).assignment
+    assert_within_caps(wide, pool(4))
+
+
 def per_slot(
     placement: Placement, load: dict[int, float], slots: dict[str, int], worker: str
 ) -> float:

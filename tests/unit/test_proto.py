@@ -1,5 +1,5 @@
 """proto/ is what the code generates, its schemas are valid and describe the messages we send,
-and the AsyncAPI document covers every subject family and stream of ARCHITECTURE §4."""
+and AsyncAPI covers every subject family and stream (ARCHITECTURE.md, Subjects, streams and KV)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.unit.test_codec import PLAIN, SAMPLES
 PROTO = REPO / "proto"
 SCHEMAS = PROTO / "schemas"
 
-# Subject families of ARCHITECTURE §4, as the prefix every address of the family starts with.
+# Subject families (ARCHITECTURE.md, Subjects, streams and KV), as the prefix each address has.
 FAMILIES = {
     "agent.in": "agent.in.",
     "sql.in": "sql.in.",

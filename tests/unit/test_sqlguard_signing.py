@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import re
+
 import pytest
 
 from switchyard.sqlguard.signing import sign, sql_hash, verify
@@ -17,7 +21,12 @@ FIELDS = {
 
 def test_round_trip() -> None:
     signature = sign(KEY, **FIELDS)
-    assert len(signature) == 64 and int(signature, 16) >= 0
+    assert re.fullmatch("[0-9a-f]{64}", signature)
+    # Known answer: HMAC-SHA256 over the domain tag and each field, 4-byte length first.
+    message = b"switchyard.sql.v1" + b"".join(
+        len(v.encode()).to_bytes(4, "big") + v.encode() for v in FIELDS.values()
+    )
+    assert signature == hmac.new(KEY, message, hashlib.sha256).hexdigest()
     assert verify(KEY, signature, **FIELDS)
     assert verify(KEY, signature.upper(), **FIELDS)
     assert sign(KEY, **FIELDS) == signature  # deterministic
