@@ -38,7 +38,12 @@ from switchyard.messages.sql import Cell, ExecuteReply
 from switchyard.text2sql.knowledge import KnowledgeStore
 from tests.conftest import REPO
 from tests.support.edge import edge_in_process, write_keys
-from tests.support.fleet import provision_pool, router_in_process, worker_in_process
+from tests.support.fleet import (
+    provision_pool,
+    router_in_process,
+    wait_for_pool,
+    worker_in_process,
+)
 from tests.support.sqlenv import SqlEnv, build, teardown
 from tests.support.sqlflow import KNOWLEDGE, sqlflow_in_process
 from tests.support.sqlservices import sql_services
@@ -122,7 +127,7 @@ async def console(
             )
             keys = write_keys(tmp / "keys.yaml", KEYS)
             url = await stack.enter_async_context(edge_in_process(nats_url, api_keys_file=keys))
-            await asyncio.sleep(1.0)  # the router assigns the pool's partitions
+            await wait_for_pool(bus.js, pool)
             yield Console(url, pool, bus)
             stop.set()
             await asyncio.wait_for(status, 10)

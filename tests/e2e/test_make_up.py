@@ -17,15 +17,15 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from switchyard.natsserver import free_port
+from switchyard.ports import free_port
 from tests.conftest import REPO
+from tests.support.poll import until_blocking
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -51,15 +51,18 @@ class Fleet:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def ready(self) -> bool:
+        """Whether `sy up` printed that its fleet is ready (it waits on the fleet's
+        readiness, not a delay); fails the test at once if it exited."""
+        if self.proc.poll() is not None:
+            pytest.fail(f"sy up exited with {self.proc.returncode}:\n{self.output()[-4000:]}")
+        return "ready: http" in self.output()
+
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if "ready: http" in self.output():
-                return
-            if self.proc.poll() is not None:
-                pytest.fail(f"sy up exited with {self.proc.returncode}:\n{self.output()[-4000:]}")
-            time.sleep(1)
-        pytest.fail(f"the edge was not ready within {READY_TIMEOUT} s:\n{self.output()[-4000:]}")
+        try:
+            until_blocking(self.ready, timeout=READY_TIMEOUT, what="sy up ready")
+        except TimeoutError as exc:
+            pytest.fail(f"{exc}:\n{self.output()[-4000:]}")
 
 
 @pytest.fixture(scope="module")

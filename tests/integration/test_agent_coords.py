@@ -55,7 +55,7 @@ async def fleet(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
     pre = PreprocessorSettings(nats_url=nats_url, agent_pool=pool, max_pixels=MAX_PIXELS)
     bus = await connect(Settings(nats_url=nats_url), "pytest-agent-coords")
     try:
-        async with agent_fleet_with_edge(nats_url, bus, pool, keys, engine="sim",
+        async with agent_fleet_with_edge(nats_url, pool, keys, engine="sim",
                                          preprocessor={"max_pixels": MAX_PIXELS},
                                          edge={}) as url:  # fmt: skip
             yield Fleet(bus, pool, url, pre)

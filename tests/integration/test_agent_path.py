@@ -26,7 +26,6 @@ import pytest
 from PIL import Image, ImageDraw
 
 from switchyard import subjects
-from switchyard.bench.fleetproc import wait_for_workers
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
@@ -38,6 +37,7 @@ from tests.support.fleet import (
     preprocessor_in_process,
     provision_pool,
     router_in_process,
+    wait_for_pool,
     worker_in_process,
 )
 
@@ -74,8 +74,7 @@ async def fleet(nats_url: str) -> AsyncIterator[Fleet]:
                     nats_url, agent_pool=pool, frame_procs=0, max_frame_bytes=MAX_FRAME_BYTES
                 )
             )
-            await wait_for_workers(bus.js, set(workers), timeout=60)
-            await asyncio.sleep(1.0)  # the router has seen the heartbeats and assigned partitions
+            await wait_for_pool(bus.js, pool, workers=len(workers))
             yield Fleet(bus, pool, workers)
     finally:
         await bus.close()

@@ -23,7 +23,7 @@ from services.auditor import metrics
 from switchyard.bus.connection import Bus
 from switchyard.cli.app import app
 from switchyard.messages.sql import AuditEvent
-from switchyard.natsserver import free_port
+from switchyard.ports import free_port
 from tests.support.auditenv import (
     AuditEnv,
     AuditorProcess,

@@ -22,7 +22,8 @@ import pytest
 from switchyard.bus.connection import Bus, connect
 from switchyard.config import Settings
 from switchyard.messages.sql import AuditEvent
-from switchyard.natsserver import EmbeddedNats, free_port
+from switchyard.natsserver import EmbeddedNats
+from switchyard.ports import free_port
 from tests.support.auditenv import (
     AuditEnv,
     AuditorProcess,

@@ -26,8 +26,9 @@ from switchyard.bench.loadsweep import SweepConfig, run_sweep
 from switchyard.bench.loadtargets import EdgeTarget
 from switchyard.bench.workloads import ChatShape, Workload
 from switchyard.config import Settings
-from tests.support.edge import free_port
+from switchyard.ports import free_port
 from tests.support.loopthread import in_thread
+from tests.support.poll import until
 
 STALL_S = 2.0
 STALL_AT = 2.0  # run seconds
@@ -71,8 +72,8 @@ async def serving(app: StallingChat) -> AsyncIterator[str]:
     server = uvicorn.Server(uvicorn.Config(starlette, host="127.0.0.1", port=port,
                                            log_level="warning", access_log=False))  # fmt: skip
     task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.02)
+    await until(lambda: server.started or task.done(), timeout=30, what="the server listening")
+    assert server.started, task
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -130,12 +131,12 @@ PARTITIONS = 64
 def sim_fleet(nats_url: str, pool: str, policy: Path) -> Iterator[None]:
     """Router, 8 sim workers and the preprocessor on their own event loop in a thread, so
     the synchronous `run_sweep` can drive them from this one."""
-    from switchyard.bench.fleetproc import wait_for_workers
     from switchyard.bus.connection import connect
     from tests.support.fleet import (
         preprocessor_in_process,
         provision_pool,
         router_in_process,
+        wait_for_pool,
         worker_in_process,
     )
 
@@ -152,9 +153,8 @@ def sim_fleet(nats_url: str, pool: str, policy: Path) -> Iterator[None]:
                     nats_url, pool=pool, engine="sim", assignment="kv", partitions=PARTITIONS,
                     worker_id=f"{pool}-w{i}", heartbeat_interval=0.3))  # fmt: skip
             await stack.enter_async_context(preprocessor_in_process(nats_url, chat_pool=pool))
-            await wait_for_workers(bus.js, {f"{pool}-w{i}" for i in range(WORKERS)}, 60)
+            await wait_for_pool(bus.js, pool, WORKERS, PARTITIONS)
             await bus.close()
-            await asyncio.sleep(1.5)  # the router has seen every heartbeat and placed partitions
             yield
 
     with in_thread(fleet, name=f"load-fleet-{pool}"):

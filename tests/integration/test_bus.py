@@ -24,6 +24,7 @@ from switchyard.errors import TransientError
 from switchyard.messages.deadletter import DeadLetter
 from switchyard.messages.inference import Cancel
 from tests.conftest import REPO
+from tests.support.poll import until
 from tests.support.streams import scratch_stream
 
 
@@ -43,6 +44,17 @@ async def _run_until(loop: PullLoop, predicate: object, timeout: float = 10.0) -
         await task
 
 
+async def settled(bus: Bus, stream: str, durable: str) -> bool:
+    """Whether `durable` has every message of `stream` delivered and acked."""
+    info = await bus.js.consumer_info(stream, durable)
+    return info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def empty(bus: Bus, stream: str) -> bool:
+    """Whether work-queue `stream` holds nothing: every message was acked."""
+    return (await bus.js.stream_info(stream)).state.messages == 0
+
+
 async def test_publish_pull_ack(bus: Bus, unique: str) -> None:
     stream, subject, durable = await scratch_stream(bus.js, unique)
     sent = [Cancel(tenant="t1", request_id=f"R{i}") for i in range(20)]
@@ -60,7 +72,7 @@ async def test_publish_pull_ack(bus: Bus, unique: str) -> None:
     )
     await _run_until(loop, lambda: len(seen) == 20)
     assert sorted(m.id for m in seen) == sorted(m.id for m in sent)
-    await asyncio.sleep(0.2)
+    await until(lambda: settled(bus, stream, durable), timeout=10, what="every ack applied")
     info = await bus.js.consumer_info(stream, durable)
     assert info.num_ack_pending == 0 and info.num_pending == 0
     assert (await bus.js.stream_info(stream)).state.messages == 0  # work queue: acked = gone
@@ -159,7 +171,7 @@ async def test_in_progress_keeps_a_long_job_from_redelivery(bus: Bus, unique: st
         bus.js, stream, durable, slow, retry=RetryPolicy(4), ack_wait=1.0, max_inflight=2
     )
     await _run_until(loop, lambda: loop.processed == 1, timeout=15)
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(1.5)  # 1.5 x ack_wait: a redelivery, if any, would have come by now
     assert deliveries == [1]
     assert (await bus.js.stream_info(stream)).state.messages == 0
 
@@ -205,7 +217,7 @@ async def test_redelivery_after_consumer_process_is_killed(
         second.send_signal(signal.SIGTERM)
         second.wait(20)
     assert "done job-1" not in first_log.read_text()
-    await asyncio.sleep(0.3)
+    await until(lambda: empty(bus, stream), timeout=10, what="job-1 acked")
     assert (await bus.js.stream_info(stream)).state.messages == 0  # processed again, then acked
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from switchyard import subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.publish import publish
@@ -14,6 +12,7 @@ from tests.support.fleet import (
     preprocessor_in_process,
     provision_pool,
     router_in_process,
+    wait_for_pool,
     worker_in_process,
 )
 
@@ -34,7 +33,7 @@ async def test_chat_request_is_prepared_routed_and_answered(
                           worker_id=f"{pool}-w0", heartbeat_interval=0.3),
         preprocessor_in_process(nats_url, chat_pool=pool),
     ):  # fmt: skip
-        await asyncio.sleep(1.0)
+        await wait_for_pool(bus.js, pool)
         chat = ChatRequest(
             tenant="acme",
             messages=[ChatMessage(role="user", content="Say hello.")],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,17 +20,26 @@ import yaml
 
 from services.router.service import run_router
 from services.router.settings import RouterSettings
-from services.router.status import BUCKET, TenantStatus, publish_status
+from services.router.status import publish_status
 from switchyard import subjects
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
+from switchyard.bus.topology import TENANTS_BUCKET
 from switchyard.codec import decode, encode
 from switchyard.config import Settings
+from switchyard.messages.fleet import TenantStatus, tenant_status_key
 from switchyard.messages.inference import Cancel, ChatMessage, GenerateRequest, Sampling
 from switchyard.messages.sql import AuditEvent
 from switchyard.text2sql.review import review_requests
 from tests.support.edge import edge_in_process, write_keys
-from tests.support.fleet import provision_pool, router_in_process, submit, worker_in_process
+from tests.support.fleet import (
+    provision_pool,
+    router_in_process,
+    submit,
+    wait_for_pool,
+    worker_in_process,
+)
+from tests.support.poll import until
 
 KEYS: dict[str, dict[str, Any]] = {
     "sk-acme": {"tenant": "acme"},
@@ -48,6 +58,28 @@ PROMPT_TOKENS = {"acme": 5000, "nova": 2500}
 
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+async def left_the_stream(bus: Bus, stream: str, seq: int) -> bool:
+    """Whether message `seq` is gone from work-queue `stream`: its consumer acked it."""
+    try:
+        await bus.js.get_msg(stream, seq)
+    except nats.js.errors.NotFoundError:
+        return True
+    return False
+
+
+async def published_since(bus: Bus, router_id: str, since: float) -> bool:
+    """Whether the router has published every tenant's status at or after `since`."""
+    kv = await bus.js.key_value(TENANTS_BUCKET)
+    for tenant in PROMPT_TOKENS:
+        try:
+            entry = await kv.get(tenant_status_key(tenant, router_id))
+        except nats.js.errors.KeyNotFoundError:
+            return False
+        if not entry.value or decode(entry.value, TenantStatus).at < since:
+            return False
+    return True
 
 
 async def test_the_router_service_publishes_each_tenants_status(
@@ -70,24 +102,29 @@ async def test_the_router_service_publishes_each_tenants_status(
         tenant="acme", workload="llm", pool=pool, prompt_tokens=1200,
         messages=[ChatMessage(role="user", content="hello")], sampling=Sampling(max_tokens=8),
     )  # fmt: skip
-    kv = await bus.js.key_value(BUCKET)
+    kv = await bus.js.key_value(TENANTS_BUCKET)
     seen: list[TenantStatus] = []
+
+    async def waited_over_a_second() -> bool:
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+            entry = await kv.get(tenant_status_key("acme", router_id))
+            assert entry.value is not None
+            seen.append(decode(entry.value, TenantStatus))
+        return bool(seen) and seen[-1].oldest_wait > 1.0
+
+    stored = None
     try:
-        await publish(bus.js, subjects.req("llm", "acme"), request)
-        for _ in range(50):
-            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-                entry = await kv.get(f"acme.{router_id}")
-                assert entry.value is not None
-                seen.append(decode(entry.value, TenantStatus))
-                if seen[-1].oldest_wait > 1.0:
-                    break
-            await asyncio.sleep(0.2)
+        stored = await publish(bus.js, subjects.req("llm", "acme"), request)
+        await until(waited_over_a_second, timeout=30, every=0.2, what="a status of a 1 s wait")
     finally:
         # Let the router answer it (cancelled) and ack it, so no later router gets it.
         cancel = Cancel(tenant="acme", request_id=request.id, reason="test over")
         await bus.nc.publish(subjects.cancel(request.id), encode(cancel))
         await bus.nc.flush()
-        await asyncio.sleep(0.5)
+        if stored is not None:
+            seq = stored.seq
+            await until(lambda: left_the_stream(bus, "REQ", seq), timeout=30,
+                        what="the cancelled request acked")  # fmt: skip
         stop.set()
         await asyncio.wait_for(task, 30)
         await router_bus.close()
@@ -129,7 +166,7 @@ async def console(
         url = await stack.enter_async_context(
             edge_in_process(nats_url, api_keys_file=keys, chat_pool=pool)
         )
-        await asyncio.sleep(1.0)  # heartbeat seen, partitions assigned
+        await wait_for_pool(bus.js, pool)
         for tenant, tokens in PROMPT_TOKENS.items():
             request = GenerateRequest(
                 tenant=tenant, workload="llm", pool=pool, prompt_tokens=tokens,
@@ -138,7 +175,10 @@ async def console(
             )  # fmt: skip
             frames = await submit(bus, request, timeout=30)
             assert frames[-1].type == "end", frames[-1]
-        await asyncio.sleep(0.5)  # one status publication after both finished
+        await until(lambda: not router.outstanding, timeout=30, what="both results routed")
+        settled = time.time()
+        await until(lambda: published_since(bus, router_id, settled), timeout=30,
+                    what="a status publication after both finished")  # fmt: skip
         yield url, pool, router_id
         stop.set()
         await asyncio.wait_for(status, 10)
@@ -204,7 +244,7 @@ async def test_a_stray_row_of_another_tenant_is_never_served(
 ) -> None:
     """Defence in depth: a value under acme's key naming nova (a bug upstream) is dropped."""
     url, _, _ = console
-    kv = await bus.js.key_value(BUCKET)
+    kv = await bus.js.key_value(TENANTS_BUCKET)
     stray = TenantStatus(tenant="nova", router="stray", at=0, itpm=1, otpm=1, input_used=0,
                          output_used=0, inflight=0, max_concurrency=1, queued=0,
                          queued_tokens=0, max_queued_tokens=1, oldest_wait=0, vtc=0)  # fmt: skip

@@ -3,7 +3,6 @@ the official `openai` SDK."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ from tests.support.fleet import (
     preprocessor_in_process,
     provision_pool,
     router_in_process,
+    wait_for_pool,
     worker_in_process,
 )
 
@@ -46,8 +46,8 @@ async def edge(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Async
     pool = "edgellm"
     bus = await connect(Settings(nats_url=nats_url), "edge-test-setup")
     await provision_pool(bus.js, pool)
-    await bus.close()
     async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(bus.close)
         await stack.enter_async_context(
             router_in_process(nats_url, partitions=4, pools=[pool], tenant_policy=policy,
                               rebalance_interval=0.2)
@@ -60,7 +60,7 @@ async def edge(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Async
         url = await stack.enter_async_context(
             edge_in_process(nats_url, api_keys_file=keys, chat_pool=pool)
         )
-        await asyncio.sleep(1.0)  # heartbeats seen, partitions assigned
+        await wait_for_pool(bus.js, pool)
         yield url
 
 

@@ -19,8 +19,6 @@ import pytest
 
 from services.edge.app import create_app
 from services.edge.settings import EdgeSettings
-from switchyard.bus.connection import connect
-from switchyard.config import Settings
 from switchyard.ids import new_id
 from switchyard.messages.agent import answer_schema, parse_answer
 from tests.integration.test_agent_path import png_frame, png_with_header
@@ -40,16 +38,12 @@ def auth(key: str = "sk-alpha") -> dict[str, str]:
 async def edge(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
     pool = f"ea{new_id().lower()[-8:]}"
     keys = write_keys(tmp_path_factory.mktemp("edge-agent") / "keys.yaml", KEYS)
-    bus = await connect(Settings(nats_url=nats_url), "pytest-edge-agent")
-    try:
-        async with agent_fleet_with_edge(
-            nats_url, bus, pool, keys, engine="llamacpp",
-            preprocessor={"max_frame_bytes": FLEET_FRAME_BYTES},
-            edge={"max_frame_bytes": EDGE_FRAME_BYTES},
-        ) as url:  # fmt: skip
-            yield url
-    finally:
-        await bus.close()
+    async with agent_fleet_with_edge(
+        nats_url, pool, keys, engine="llamacpp",
+        preprocessor={"max_frame_bytes": FLEET_FRAME_BYTES},
+        edge={"max_frame_bytes": EDGE_FRAME_BYTES},
+    ) as url:  # fmt: skip
+        yield url
 
 
 def http(url: str) -> httpx.AsyncClient:

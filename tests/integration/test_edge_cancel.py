@@ -8,16 +8,19 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 import yaml
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
+from nats.js.errors import KeyNotFoundError
 
+from services.edge.idempotency import kv_key
 from switchyard import subjects
 from switchyard.bus.connection import Bus
+from switchyard.bus.topology import IDEMPOTENCY_BUCKET
 from switchyard.codec import decode
 from switchyard.messages.inference import GenerateResult
 from tests.support.edge import edge_in_process, write_keys
@@ -25,8 +28,10 @@ from tests.support.fleet import (
     preprocessor_in_process,
     provision_pool,
     router_in_process,
+    wait_for_pool,
     worker_in_process,
 )
+from tests.support.poll import until
 
 POOL = "edgesim"
 # ~12 ms of modelled time per decode step: 2,000 tokens ~ 24 modelled s, ~7 s on the wall.
@@ -48,10 +53,10 @@ async def edge(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Async
     keys = write_keys(tmp / "keys.yaml", KEYS)
     bus = await connect(Settings(nats_url=nats_url), "edge-sim-setup")
     await provision_pool(bus.js, POOL)
-    await bus.close()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SY_SIM_DELAY_SCALE", DELAY_SCALE)
         async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(bus.close)
             await stack.enter_async_context(
                 router_in_process(nats_url, partitions=4, pools=[POOL], tenant_policy=policy,
                                   rebalance_interval=0.2)
@@ -64,7 +69,7 @@ async def edge(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Async
             url = await stack.enter_async_context(
                 edge_in_process(nats_url, api_keys_file=keys, chat_pool=POOL)
             )
-            await asyncio.sleep(1.0)  # heartbeats seen, partitions assigned
+            await wait_for_pool(bus.js, POOL)
             yield url
 
 
@@ -85,12 +90,14 @@ async def results(bus: Bus, tenant: str) -> AsyncIterator[list[GenerateResult]]:
         await sub.unsubscribe()
 
 
-async def wait_for(pred: Callable[[], bool], timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            raise TimeoutError
-        await asyncio.sleep(0.05)
+async def claimed(bus: Bus, tenant: str, key: str) -> bool:
+    """Whether a request of `tenant` holds the Idempotency-Key `key` (the edge's claim)."""
+    kv = await bus.js.key_value(IDEMPOTENCY_BUCKET)
+    try:
+        await kv.get(kv_key(tenant, key))
+    except KeyNotFoundError:
+        return False
+    return True
 
 
 def auth(key: str) -> dict[str, str]:
@@ -114,7 +121,8 @@ async def test_client_disconnect_mid_stream_cancels_the_generation(edge: str, bu
                     break
             # Leaving both blocks drops the TCP connection with the body unread.
         closed = time.monotonic()
-        await wait_for(lambda: any(x.request_id == rid for x in seen), timeout=5)
+        await until(lambda: any(x.request_id == rid for x in seen), timeout=5,
+                    what="the cancelled result")  # fmt: skip
         waited = time.monotonic() - closed
     (mine,) = [x for x in seen if x.request_id == rid]
     assert mine.status == "cancelled" and mine.finish_reason == "abort"
@@ -130,7 +138,7 @@ async def test_idempotent_retry_of_a_running_request_attaches_to_it(edge: str, b
     headers = {**auth("sk-idem"), "Idempotency-Key": "attach-1"}
     async with results(bus, "idem") as seen, httpx.AsyncClient(base_url=edge, timeout=30) as http:
         first = asyncio.create_task(http.post("/v1/chat/completions", json=body, headers=headers))
-        await asyncio.sleep(0.25)
+        await until(lambda: claimed(bus, "idem", "attach-1"), timeout=30, what="the first claim")
         assert not first.done()
         retry = await http.post("/v1/chat/completions", json=body, headers=headers)
         original = await first
@@ -161,9 +169,10 @@ async def test_idempotent_retry_of_a_running_stream_attaches_too(edge: str, bus:
 
     async with results(bus, "idem") as seen, httpx.AsyncClient(base_url=edge, timeout=30) as http:
         first = asyncio.create_task(text_of(http))
-        await asyncio.sleep(0.25)
+        await until(lambda: claimed(bus, "idem", "attach-stream-1"), timeout=30,
+                    what="the first claim")  # fmt: skip
         (r2, t2), (r1, t1) = await text_of(http), await first
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # a second generation, if any, would have published by now
     assert r2.headers.get("idempotent-replayed") == "true"
     assert t1 and t1 == t2
     assert [x.request_id for x in seen] == [r1.headers["x-request-id"]]

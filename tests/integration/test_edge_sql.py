@@ -3,7 +3,6 @@ worker, sqlflow) over NATS and MariaDB, with the edge in process and plain HTTP.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
@@ -26,6 +25,7 @@ from switchyard.messages.sql import ExecuteReply, SqlAnswer
 from switchyard.text2sql.knowledge import KnowledgeStore
 from tests.support.edge import edge_in_process, write_keys
 from tests.support.fleet import provision_pool
+from tests.support.poll import until
 from tests.support.sqlenv import SqlEnv
 from tests.support.sqlflow import KNOWLEDGE, text2sql_fleet
 
@@ -239,10 +239,8 @@ async def test_client_leaving_mid_stream_cancels_the_question(sql_edge: str, bus
             async for line in r.aiter_lines():
                 if line.startswith("data: {") and json.loads(line[6:]).get("stage") == "scope":
                     break  # leave with the SQL being generated
-        for _ in range(100):
-            if any(a.request_id == rid for a in answers):
-                break
-            await asyncio.sleep(0.1)
+        await until(lambda: any(a.request_id == rid for a in answers), timeout=30,
+                    what="the cancelled answer")  # fmt: skip
     finally:
         await sub.unsubscribe()
     (mine,) = [a for a in answers if a.request_id == rid]

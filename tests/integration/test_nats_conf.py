@@ -27,7 +27,8 @@ from switchyard.bus.connection import connect
 from switchyard.bus.provision import provision
 from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.config import Settings
-from switchyard.natsserver import binary, free_port, reachable
+from switchyard.natsserver import binary
+from switchyard.ports import free_port, reachable
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "compose" / "nats.conf"

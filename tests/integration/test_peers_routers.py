@@ -13,14 +13,15 @@ import openai
 import pytest
 
 from switchyard.bench.peers import peers, simfleet
-from switchyard.bench.peers.procs import PeerStartError, ProcessGroup, free_port
 from switchyard.bench.peers.stats import parse_metrics
+from switchyard.fleet import FleetError, ProcessGroup
+from switchyard.ports import free_port
 
 
 def _installed(name: str) -> bool:
     try:
         peers.binary(name)
-    except PeerStartError:
+    except FleetError:
         return False
     return True
 
@@ -94,6 +95,6 @@ def test_a_peer_that_cannot_start_fails_with_its_log(tmp_path: Path) -> None:
         child = g.start(
             "broken-peer", [sys.executable, "-c", "print('bad flag'); raise SystemExit(2)"]
         )
-        with pytest.raises(PeerStartError, match="broken-peer exited with status 2") as e:
+        with pytest.raises(FleetError, match="broken-peer exited with status 2") as e:
             g.wait_http(child, f"http://127.0.0.1:{free_port()}/health", timeout=10)
         assert "bad flag" in str(e.value)

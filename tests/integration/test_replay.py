@@ -31,6 +31,7 @@ from switchyard.bus.publish import publish
 from switchyard.bus.streamread import Window, read
 from switchyard.cli.app import app
 from switchyard.config import Settings
+from switchyard.fleet.readiness import PoolReady, wait_for_heartbeat, wait_for_pools
 from switchyard.forensics.replay import Collected
 from switchyard.forensics.trace import find
 from switchyard.messages.agent import AgentStep, RawFrame
@@ -74,44 +75,47 @@ def sessions() -> list[str]:
 async def fleet(
     url: str, sqlenv: SqlEnv, index: Path, agent_max_tokens: int = 64
 ) -> AsyncIterator[None]:
-    """Everything both workloads need, with fixed worker ids (the routing is compared)."""
-    bus = await connect(Settings(nats_url=url), "replay-setup")
-    await provision_pool(bus.js, AGENT, PARTITIONS)
-    await provision_pool(bus.js, SQL, PARTITIONS)
-    await bus.close()
+    """Everything both workloads need, with fixed worker ids (the routing is compared);
+    yields once every partition of both pools is served."""
     # Workers as processes, as in production: three llama.cpp engines in the test's own
     # process would share one GIL, and a heartbeat starved by another engine's generation
     # looks like a death to the router, which then moves partitions mid-recording.
     env = {"SY_ENGINE": "llamacpp", "SY_ASSIGNMENT": "kv", "SY_HEARTBEAT_INTERVAL": "0.3",
            "SY_PARTITIONS": str(PARTITIONS), "SY_LLAMACPP_N_THREADS": "1"}  # fmt: skip
-    with contextlib.ExitStack() as procs:
-        for pool, wid in ((AGENT, f"{AGENT}-w0"), (AGENT, f"{AGENT}-w1"), (SQL, f"{SQL}-w0")):
-            procs.enter_context(worker_process(url, SY_POOL=pool, SY_WORKER_ID=wid, **env))
-        await workers_up(url, {f"{AGENT}-w0", f"{AGENT}-w1", f"{SQL}-w0"})
-        async with (
-            sql_services(url, sqlenv, sql_explain_max_rows=50_000,
-                         sql_explain_large_table_rows=20_000),
-            router_in_process(url, partitions=PARTITIONS, pools=[AGENT, SQL],
-                              rebalance_interval=0.2, dead_after=20),
-            preprocessor_in_process(url, agent_pool=AGENT, agent_max_tokens=agent_max_tokens),
-            sqlflow_in_process(url, sqlenv, index, sql_pool=SQL),
-        ):  # fmt: skip
-            await asyncio.sleep(1.5)
-            yield
-
-
-async def workers_up(url: str, ids: set[str], timeout: float = 60) -> None:
-    """Until every worker's heartbeat is in KV (each process loads its model first)."""
-    bus = await connect(Settings(nats_url=url), "replay-wait")
-    kv = await bus.js.key_value("fleet_workers")
-    deadline = time.monotonic() + timeout
+    agents = (f"{AGENT}-w0", f"{AGENT}-w1")
+    pools = [PoolReady(AGENT, 2, PARTITIONS, worker_ids=agents),
+             PoolReady(SQL, 1, PARTITIONS, worker_ids=(f"{SQL}-w0",))]  # fmt: skip
+    bus = await connect(Settings(nats_url=url), "replay-setup")
     try:
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                if ids <= set(await kv.keys()):
-                    return
-            await asyncio.sleep(0.3)
-        raise TimeoutError(f"workers {ids} did not all start within {timeout}s")
+        await provision_pool(bus.js, AGENT, PARTITIONS)
+        await provision_pool(bus.js, SQL, PARTITIONS)
+        with contextlib.ExitStack() as procs:
+            children = [
+                procs.enter_context(worker_process(url, SY_POOL=pool.pool, SY_WORKER_ID=wid, **env))
+                for pool in pools
+                for wid in pool.worker_ids
+            ]
+
+            def alive() -> None:
+                for child in children:
+                    child.check()
+
+            # Every engine loaded before the router starts: it places both pools at once,
+            # so no partition moves while the window is recorded.
+            for pool in pools:
+                for wid in pool.worker_ids:
+                    await wait_for_heartbeat(bus.js, wid, timeout=120, check=alive)
+            async with (
+                sql_services(url, sqlenv, sql_explain_max_rows=50_000,
+                             sql_explain_large_table_rows=20_000),
+                router_in_process(url, partitions=PARTITIONS, pools=[AGENT, SQL],
+                                  rebalance_interval=0.2, dead_after=20),
+                preprocessor_in_process(url, agent_pool=AGENT,
+                                        agent_max_tokens=agent_max_tokens),
+                sqlflow_in_process(url, sqlenv, index, sql_pool=SQL),
+            ):  # fmt: skip
+                await wait_for_pools(bus.js, pools, timeout=120, check=alive)
+                yield
     finally:
         await bus.close()
 

@@ -9,16 +9,20 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from nats.aio.msg import Msg
 
+from services.router.router import Router
 from switchyard import subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
+from switchyard.bus.topology import ASSIGNMENTS_BUCKET, ROUTER_DURABLE
 from switchyard.codec import decode
+from switchyard.messages.fleet import Assignment, assignment_key
 from switchyard.messages.inference import (
     ChatMessage,
     GenerateRequest,
@@ -31,8 +35,10 @@ from tests.support.fleet import (
     router_in_process,
     service_process,
     submit,
+    wait_for_pool,
     worker_in_process,
 )
+from tests.support.poll import until
 
 POLICY = {
     "default": {"itpm": 10_000_000, "otpm": 1_000_000, "max_queued_tokens": 50_000_000},
@@ -80,9 +86,11 @@ async def fleet(
     partitions: int = 4,
     dead_after: float = 4.0,
     **router: object,
-) -> AsyncIterator[None]:
+) -> AsyncIterator[Any]:
+    """Router and `workers` sim workers on `pool`; yields the `Router` once every
+    partition is assigned and bound."""
     async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(
+        running = await stack.enter_async_context(
             router_in_process(
                 nats_url, partitions=partitions, pools=[pool], tenant_policy=policy,
                 rebalance_interval=0.2, dead_after=dead_after, **router,
@@ -95,13 +103,21 @@ async def fleet(
                     worker_id=f"{pool}-w{i}", heartbeat_interval=0.3, partitions=partitions,
                 )
             )  # fmt: skip
-        await asyncio.sleep(1.0)  # heartbeats seen, partitions assigned and bound
-        yield
+        await wait_for_pool(running.bus.js, pool, workers, partitions)
+        yield running
 
 
 def final(frames: list[TokenFrame]) -> TokenFrame:
     assert frames and frames[-1].type in ("end", "error")
     return frames[-1]
+
+
+def reached(router: Router, tenant: str, sent: list[asyncio.Task[list[TokenFrame]]]) -> bool:
+    """Whether every request of `sent` (all of `tenant`) reached `router`: it queues it,
+    has dispatched it or it was answered."""
+    held = router.queue.depth(tenant)
+    held += sum(o.tenant == tenant for o in router.outstanding.values())
+    return held + sum(t.done() for t in sent) >= len(sent)
 
 
 async def test_requests_flow_through_the_router(
@@ -190,7 +206,7 @@ async def test_cancel_removes_a_queued_request(
 ) -> None:
     monkeypatch.setenv("SY_SIM_MAX_NUM_SEQS", "1")  # one slot, credit 1: the rest queue
     monkeypatch.setenv("SY_SIM_DELAY_SCALE", "0.1")
-    async with fleet(nats_url, pool, policy_file, credit_per_slot=1):
+    async with fleet(nats_url, pool, policy_file, credit_per_slot=1) as router:
         long = req(pool, session="a", sampling=Sampling(max_tokens=400))
         queued = req(pool, session="a", sampling=Sampling(max_tokens=8))
         async with (
@@ -200,7 +216,10 @@ async def test_cancel_removes_a_queued_request(
             for r, reader in ((long, r1), (queued, r2)):
                 sent = r.model_copy(update={"reply": reader.inbox})
                 await publish(bus.js, subjects.req("llm", r.tenant), sent)
-            await asyncio.sleep(0.5)
+            await until(
+                lambda: long.id in router.outstanding and router.queue.get(queued.id) is not None,
+                timeout=30, what="the long request running, the other queued in the router",
+            )  # fmt: skip
             await bus.nc.publish(subjects.cancel(queued.id), b"")
             cancelled = final([f async for f in r2])
             done = final([f async for f in r1])
@@ -226,12 +245,6 @@ async def test_sessions_stick_to_their_workers(
     stickiness = [max(c.values()) / sum(c.values()) for c in seen.values()]
     assert min(stickiness) == 1.0  # no worker died: every step of a session on one worker
     assert len({w for c in seen.values() for w in c}) == 8  # and the load is spread
-
-
-async def _wait_all(results: Counter[str], ids: set[str], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not ids <= set(results) and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
 
 
 async def test_router_kill_9_under_load_loses_nothing_and_answers_once(
@@ -265,51 +278,42 @@ async def test_router_kill_9_under_load_loses_nothing_and_answers_once(
         heartbeat_interval=0.3,
     ):  # fmt: skip
         with service_process("router", nats_url, **env) as first:
-            await asyncio.sleep(1.5)
+            await wait_for_pool(bus.js, pool, check=first.check)
             for r in reqs:
                 inbox = bus.nc.new_inbox()
                 await bus.nc.subscribe(inbox, cb=counter(r.id))
                 await publish(
                     bus.js, subjects.req("llm", tenant), r.model_copy(update={"reply": inbox})
                 )
-            await asyncio.sleep(1.0)
-            first.kill()  # SIGKILL, with most requests still queued in it
-            first.wait(10)
+            await until(lambda: under_load(bus, results), timeout=60,
+                        what="the router holding every request, some answered")  # fmt: skip
+            first.proc.kill()  # SIGKILL, with most requests still queued in it
+            first.proc.wait(10)
         answered_before = len(results)
         with service_process("router", nats_url, **env):
-            await _wait_all(results, {r.id for r in reqs}, timeout=90)
+            ids = {r.id for r in reqs}
+            await until(lambda: ids <= set(results), timeout=90, what="every request answered")
             await asyncio.sleep(2.0)  # room for a duplicate to show up
     await res_sub.unsubscribe()
-    ids = {r.id for r in reqs}
     assert answered_before < len(ids)  # the crash really left work behind
     assert set(results) == ids, f"lost {len(ids - set(results))}"
     assert all(n == 1 for n in results.values())
     assert set(terminal) == ids and all(n == 1 for n in terminal.values())
 
 
-async def _assignment(bus: Bus, pool: str, partitions: int) -> dict[int, str]:
-    from switchyard.messages.fleet import Assignment
+async def under_load(bus: Bus, results: Counter[str]) -> bool:
+    """Whether the router has taken every request from REQ and answered some of them."""
+    info = await bus.js.consumer_info("REQ", ROUTER_DURABLE)
+    return info.num_pending == 0 and len(results) > 0
 
-    kv = await bus.js.key_value("fleet_assignments")
+
+async def _assignment(bus: Bus, pool: str, partitions: int) -> dict[int, str]:
+    kv = await bus.js.key_value(ASSIGNMENTS_BUCKET)
     owners = {}
     for p in range(partitions):
-        entry = await kv.get(f"{pool}.p{p}")
+        entry = await kv.get(assignment_key(pool, p))
         owners[p] = decode(entry.value or b"", Assignment).worker
     return owners
-
-
-async def _stable_assignment(bus: Bus, pool: str, parts: int) -> dict[int, str]:
-    """The assignment once it has not changed for 2 s (workers start one by one, and a
-    loaded machine can delay a first heartbeat)."""
-    await asyncio.sleep(2.0)
-    current = await _assignment(bus, pool, parts)
-    for _ in range(15):
-        await asyncio.sleep(2.0)
-        latest = await _assignment(bus, pool, parts)
-        if latest == current:
-            return current
-        current = latest
-    return current
 
 
 async def test_dead_worker_loses_its_partitions_only_and_no_request_is_lost(
@@ -331,13 +335,21 @@ async def test_dead_worker_loses_its_partitions_only_and_no_request_is_lost(
         # lagged over 4 s under this burst and it was (rightly, by its TTL) declared dead,
         # which moved partitions this test does not kill.
         rebalance_interval=0.2, dead_after=8.0,
-    ):  # fmt: skip
+    ) as router:  # fmt: skip
         with contextlib.ExitStack() as stack:
             procs = [
                 stack.enter_context(service_process("worker", nats_url, SY_WORKER_ID=w, **env))
                 for w in workers
             ]
-            before = await _stable_assignment(bus, pool, parts)
+
+            # Workers start one by one: wait until the router has placed all three (it
+            # moves nothing more afterwards while they live and carry no load).
+            def alive() -> None:
+                for proc in procs:
+                    proc.check()
+
+            await wait_for_pool(bus.js, pool, len(workers), parts, check=alive)
+            before = await _assignment(bus, pool, parts)
             assert set(before.values()) == set(workers)
             sessions = [f"s{i}" for i in range(30)]
             doomed = workers[0]
@@ -347,9 +359,10 @@ async def test_dead_worker_loses_its_partitions_only_and_no_request_is_lost(
                 )
                 for s in sessions
             ]
-            await asyncio.sleep(0.3)
-            procs[0].kill()
-            procs[0].wait(10)
+            await until(lambda: reached(router, "acme", pending), timeout=30,
+                        what="the burst in the router")  # fmt: skip
+            procs[0].proc.kill()
+            procs[0].proc.wait(10)
             answers = [final(frames) for frames in await asyncio.gather(*pending)]
             after = await _assignment(bus, pool, parts)
     assert all(a.result and a.result.status == "ok" for a in answers), [
@@ -367,7 +380,7 @@ async def _light_waits(bus: Bus, pool: str, n: int) -> list[float]:
         result = final(frames).result
         assert result is not None and result.status == "ok"
         waits.append(result.timings.queue)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # one light request at a time, paced, not a burst
     return waits
 
 
@@ -380,7 +393,7 @@ async def test_a_flood_of_huge_prompts_does_not_starve_a_light_tenant(
     monkeypatch.setenv("SY_SIM_MAX_MODEL_LEN", "131072")
     monkeypatch.setenv("SY_SIM_KV_CAPACITY_TOKENS", "400000")
     huge = " ".join(["word"] * 40_000)  # ~40k simulated tokens: ~4.4 s of modelled prefill
-    async with fleet(nats_url, pool, policy_file, credit_per_slot=1):
+    async with fleet(nats_url, pool, policy_file, credit_per_slot=1) as router:
         quiet = await _light_waits(bus, pool, 5)
         flood = [
             asyncio.create_task(
@@ -399,7 +412,7 @@ async def test_a_flood_of_huge_prompts_does_not_starve_a_light_tenant(
             )
             for i in range(12)
         ]
-        await asyncio.sleep(0.5)
+        await until(lambda: reached(router, "heavy", flood), timeout=30, what="the flood")
         busy = await _light_waits(bus, pool, 5)
         heavy = [final(frames).result for frames in await asyncio.gather(*flood)]
     service = max(r.timings.total - r.timings.queue for r in heavy if r is not None)
@@ -436,7 +449,7 @@ async def test_two_backlogged_tenants_get_token_fair_service_on_nats(
 
     async with fleet(nats_url, pool, policy_file, credit_per_slot=1):
         loops = [asyncio.create_task(tenant_loop(t)) for t in sizes]
-        await asyncio.sleep(15.0)
+        await asyncio.sleep(15.0)  # the window the service is measured over
         stop.set()
         await asyncio.gather(*loops)
     bound = w_in * 2000 + w_out * 8  # the largest single request's cost

@@ -19,6 +19,7 @@ from switchyard.bus import rpc
 from switchyard.bus.connection import Bus
 from switchyard.codec import decode
 from switchyard.errors import SwitchyardError
+from switchyard.fleet.readiness import wait_for_responder
 from switchyard.messages.sql import (
     AuditEvent,
     ExecuteReply,
@@ -138,7 +139,7 @@ async def test_runaway_killed_and_audited_busy_answered_over_nats(
         req = execute_request(await ask_validate(bus, sqlenv, RUNAWAY), sqlenv)
         started = time.monotonic()
         runaway = asyncio.create_task(ask_execute(bus, req))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # the runaway holds the pool's one connection by now
         quick = execute_request(await ask_validate(bus, sqlenv, "SELECT 1"), sqlenv)
         t0 = time.monotonic()
         busy = await ask_execute(bus, quick)
@@ -192,17 +193,16 @@ async def test_the_service_processes_start_answer_and_stop(
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         for name in ("validator", "executor")
     ]  # fmt: skip
+
+    def alive() -> None:
+        for p in procs:
+            assert p.poll() is None, (p.args, p.stderr.read() if p.stderr else b"")
+
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                validated = await ask_validate(bus, sqlenv, "SELECT COUNT(*) FROM regions")
-                result = await ask_execute(bus, execute_request(validated, sqlenv))
-                break
-            except SwitchyardError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
+        for subject in (subjects.SQL_VALIDATE, subjects.SQL_EXECUTE):
+            await wait_for_responder(bus.nc, subject, timeout=60, check=alive)
+        validated = await ask_validate(bus, sqlenv, "SELECT COUNT(*) FROM regions")
+        result = await ask_execute(bus, execute_request(validated, sqlenv))
         assert result.ok and result.rows == [[5]]
     finally:
         for p in procs:

@@ -4,24 +4,27 @@ every stage, prompt injection, and bad input answered with a reason."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import time
 from pathlib import Path
 
 from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
 
 from switchyard import subjects
 from switchyard.bus import rpc
 from switchyard.bus.connection import Bus
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError
+from switchyard.messages.deadletter import DeadLetter
 from switchyard.messages.inference import Cancel, GenerateRequest, GenerateResult
 from switchyard.messages.sql import AuditEvent, ExecuteReply, SqlAnswer, SqlAsk
 from switchyard.sqlguard import validate
 from switchyard.text2sql.client import ask_question, stream_answer
 from switchyard.text2sql.knowledge import KnowledgeStore
+from tests.support.fleet import heartbeat
+from tests.support.poll import until
 from tests.support.sqlenv import SqlEnv
 from tests.support.sqlflow import KNOWLEDGE, text2sql_fleet
 
@@ -201,9 +204,26 @@ async def test_bad_questions_are_answered_with_a_reason(
 
 
 async def publish_raw(bus: Bus, subject: str, data: bytes) -> int:
+    """Publish `data` as is; its INGRESS sequence, once sqlflow dead-lettered it."""
     ack = await bus.js.publish(subject, data)
-    await asyncio.sleep(1.0)  # sqlflow reads it, fails to decode it, dead-letters it
+    await until(lambda: dead_lettered(bus, subject, ack.seq), timeout=60, what="the dead letter")
     return ack.seq
+
+
+async def dead_lettered(bus: Bus, subject: str, seq: int) -> bool:
+    """Whether the last dead letter of `subject` is INGRESS message `seq`."""
+    try:
+        stored = await bus.js.get_last_msg("DLQ", subjects.dead_letter(subject))
+    except NotFoundError:
+        return False
+    letter = decode(stored.data or b"", DeadLetter)
+    return letter.stream == "INGRESS" and letter.stream_seq == seq
+
+
+async def generating(bus: Bus, worker: str) -> bool:
+    """Whether `worker`'s last heartbeat says its engine is running a request."""
+    beat = await heartbeat(bus.js, worker)
+    return beat is not None and beat.running > 0
 
 
 async def test_a_cut_statement_is_refused_before_the_walls(
@@ -245,10 +265,12 @@ async def test_a_cancelled_question_stops_its_model_call(
                     break
                 stages.append(item.stage)
                 if item.stage == "scope":  # the SQL generation starts now
-                    await asyncio.sleep(0.5)
+                    await until(lambda: generating(bus, f"q{unique}-w0"), timeout=60,
+                                what="the model call running")  # fmt: skip
                     cancel = Cancel(tenant="acme", request_id=ask.id)
                     await bus.nc.publish(subjects.cancel(ask.id), encode(cancel))
-            await asyncio.sleep(1.0)  # the worker's cancelled result reaches RES
+            await until(lambda: any(r.status == "cancelled" for r in results), timeout=60,
+                        what="the cancelled model call's result")  # fmt: skip
     finally:
         await sub.unsubscribe()
     assert answer is not None and answer.error and answer.error.code == "cancelled", answer

@@ -26,6 +26,7 @@ from tests.support.fleet import (
     preprocessor_in_process,
     provision_pool,
     router_in_process,
+    wait_for_pool,
     worker_in_process,
 )
 
@@ -53,7 +54,7 @@ async def sim_fleet_with_edge(bus: Bus, nats_url: str, tmp: Path, pool: str):  #
         url = await stack.enter_async_context(
             edge_in_process(nats_url, api_keys_file=keys, chat_pool=pool)
         )
-        await asyncio.sleep(1.0)  # heartbeats seen, partitions assigned
+        await wait_for_pool(bus.js, pool)
         yield url
 
 

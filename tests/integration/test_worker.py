@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
@@ -22,7 +21,8 @@ from switchyard.messages.inference import (
     JsonSchemaConstraint,
     Sampling,
 )
-from tests.support.fleet import ask, provision_pool, work_subject, worker_in_process
+from tests.support.fleet import ask, heartbeat, provision_pool, work_subject, worker_in_process
+from tests.support.poll import until
 
 ACTION_SCHEMA = {
     "type": "object",
@@ -44,6 +44,12 @@ def chat(pool: str, text: str, **kw: object) -> GenerateRequest:
         messages=[ChatMessage(role="user", content=text)],
         **kw,  # type: ignore[arg-type]
     )
+
+
+async def one_runs_one_waits(bus: Bus, worker: str) -> bool:
+    """Whether `worker`'s heartbeat shows a request running and another waiting for it."""
+    beat = await heartbeat(bus.js, worker)
+    return beat is not None and beat.running >= 1 and beat.waiting + beat.queued >= 1
 
 
 @pytest.fixture
@@ -112,7 +118,9 @@ async def test_cancel_mid_generation_stops_within_a_second(
 
 
 async def test_cancel_of_a_queued_request_removes_it(bus: Bus, pool: str, nats_url: str) -> None:
-    async with worker_in_process(nats_url, pool=pool, engine="llamacpp", engine_instances=1):
+    async with worker_in_process(
+        nats_url, pool=pool, engine="llamacpp", engine_instances=1
+    ) as settings:
         long = chat(pool, "Count to one thousand.", sampling=Sampling(max_tokens=300))
         queued = chat(pool, "Say hi.", sampling=Sampling(max_tokens=300), session=None)
         async with (
@@ -124,7 +132,8 @@ async def test_cancel_of_a_queued_request_removes_it(bus: Bus, pool: str, nats_u
             await publish(
                 bus.js, work_subject(queued), queued.model_copy(update={"reply": r2.inbox})
             )
-            await asyncio.sleep(0.5)
+            await until(lambda: one_runs_one_waits(bus, settings.worker_id), timeout=60,
+                        what="the first request running, the second waiting")  # fmt: skip
             await bus.nc.publish(subjects.cancel(queued.id), b"")
             await bus.nc.publish(subjects.cancel(long.id), b"")
             second = [f async for f in r2]

@@ -11,8 +11,10 @@ from nats.aio.msg import Msg
 
 from switchyard.bus.connection import Bus
 from switchyard.bus.publish import publish
+from switchyard.bus.topology import ASSIGNMENTS_BUCKET
 from switchyard.codec import decode, encode
-from switchyard.messages.fleet import Assignment, WorkerHeartbeat
+from switchyard.fleet.readiness import PoolReady, wait_for_pools
+from switchyard.messages.fleet import Assignment, assignment_key
 from switchyard.messages.inference import (
     ChatMessage,
     GenerateRequest,
@@ -22,31 +24,15 @@ from switchyard.messages.inference import (
 )
 from switchyard.partition import partition
 from tests.support.fleet import provision_pool, work_subject, worker_process
+from tests.support.poll import until
 
 
 async def _assign(bus: Bus, pool: str, owners: dict[int, str]) -> None:
-    kv = await bus.js.key_value("fleet_assignments")
+    """What the router would write: here the test plays the router."""
+    kv = await bus.js.key_value(ASSIGNMENTS_BUCKET)
     for p, worker in owners.items():
         value = Assignment(pool=pool, partition=p, worker=worker, at=time.time(), reason="dead")
-        await kv.put(f"{pool}.p{p}", encode(value))
-
-
-async def _wait_heartbeats(bus: Bus, workers: set[str], timeout: float = 30) -> None:
-    kv = await bus.js.key_value("fleet_workers")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen = set()
-        for w in workers:
-            try:
-                beat = decode((await kv.get(w)).value or b"", WorkerHeartbeat)
-                if beat.partitions:
-                    seen.add(w)
-            except Exception:
-                pass
-        if seen == workers:
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"workers {workers - seen} never reported partitions")
+        await kv.put(assignment_key(pool, p), encode(value))
 
 
 async def test_kill_9_mid_flight_loses_nothing_and_answers_once(
@@ -62,6 +48,7 @@ async def test_kill_9_mid_flight_loses_nothing_and_answers_once(
     }  # fmt: skip
     terminal: Counter[str] = Counter()
     results: Counter[str] = Counter()
+    streaming: set[str] = set()  # requests that have streamed a token
 
     async def on_res(msg: Msg) -> None:
         results[decode(msg.data, GenerateResult).request_id] += 1
@@ -69,9 +56,16 @@ async def test_kill_9_mid_flight_loses_nothing_and_answers_once(
     res_sub = await bus.js.subscribe(f"res.llm.{tenant}", cb=on_res, ordered_consumer=True)
     with (
         worker_process(nats_url, SY_WORKER_ID=a, **env) as proc_a,
-        worker_process(nats_url, SY_WORKER_ID=b, **env),
+        worker_process(nats_url, SY_WORKER_ID=b, **env) as proc_b,
     ):
-        await _wait_heartbeats(bus, {a, b})
+
+        def alive() -> None:
+            proc_a.check()
+            proc_b.check()
+
+        # Both heartbeat and bind the partitions assigned to them above.
+        ready = PoolReady(pool, 2, 4, worker_ids=(a, b))
+        await wait_for_pools(bus.js, [ready], timeout=60, check=alive)
         sessions = [f"s{i}" for i in range(200)]
         on_a = [s for s in sessions if partition(s, 4) in (0, 1)][:10]
         on_b = [s for s in sessions if partition(s, 4) in (2, 3)][:10]
@@ -87,17 +81,23 @@ async def test_kill_9_mid_flight_loses_nothing_and_answers_once(
             async def on_frame(msg: Msg, rid: str = req.id) -> None:
                 if decode(msg.data, TokenFrame).type != "delta":
                     terminal[rid] += 1
+                else:
+                    streaming.add(rid)
 
             await bus.nc.subscribe(inbox, cb=on_frame)
             reqs.append(req)
             await publish(bus.js, work_subject(req), req.model_copy(update={"reply": inbox}))
-        await asyncio.sleep(1.0)  # ~60 of 150 tokens generated on both workers
-        proc_a.send_signal(signal.SIGKILL)
-        proc_a.wait(10)
+
+        def generating(on: list[GenerateRequest]) -> bool:
+            return any(r.id in streaming for r in on)
+
+        # Kill A mid-flight: both workers are generating (150 tokens take seconds).
+        await until(lambda: generating(reqs[: len(on_a)]) and generating(reqs[len(on_a) :]),
+                    timeout=60, what="both workers generating")  # fmt: skip
+        proc_a.proc.send_signal(signal.SIGKILL)
+        proc_a.proc.wait(10)
         await _assign(bus, pool, {0: b, 1: b})  # what the router does when A's heartbeat expires
-        deadline = time.monotonic() + 60
-        while len(results) < len(reqs) and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
+        await until(lambda: len(results) >= len(reqs), timeout=60, what="every request answered")
         await asyncio.sleep(3.0)  # room for any duplicate to show up
     await res_sub.unsubscribe()
     ids = {r.id for r in reqs}

@@ -19,7 +19,8 @@ from tests.support.fleet import service_process
 def test_worker_refuses_to_start_with_a_clear_reason(
     nats_url: str, env: dict[str, str], says: str
 ) -> None:
-    with service_process("worker", nats_url, SY_ASSIGNMENT="static", **env) as proc:
-        _, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0
-    assert says in err.decode()
+    with service_process("worker", nats_url, SY_ASSIGNMENT="static", **env) as child:
+        child.proc.wait(60)
+        err = child.output()
+    assert child.proc.returncode != 0
+    assert says in err

@@ -1,13 +1,15 @@
-"""Helpers to run workers and send them work on a real NATS, without a router."""
+"""A fleet's services one at a time, for tests that compose their own: on this loop
+(`switchyard.fleet.inproc`) or as child processes, plus helpers that send them work."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 from nats.js import JetStreamContext
@@ -15,14 +17,22 @@ from nats.js import JetStreamContext
 from services.worker.service import run_worker
 from services.worker.settings import WorkerSettings
 from switchyard import subjects
-from switchyard.bus.connection import Bus, connect
-from switchyard.bus.provision import provision
+from switchyard.bus.connection import Bus
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
-from switchyard.bus.topology import TopologySettings, build_topology
+from switchyard.bus.topology import WORKERS_BUCKET, TopologySettings
+from switchyard.fleet import ProcessGroup, provision
+from switchyard.fleet.inproc import running
+from switchyard.fleet.processes import Child
+from switchyard.fleet.readiness import (
+    PoolReady,
+    fresh_heartbeats,
+    wait_for_heartbeat,
+    wait_for_pools,
+)
+from switchyard.messages.fleet import WorkerHeartbeat
 from switchyard.messages.inference import GenerateRequest, TokenFrame
 from switchyard.partition import partition
-from tests.conftest import REPO
 
 
 async def provision_pool(
@@ -36,7 +46,25 @@ async def provision_pool(
     topo = TopologySettings(
         partitions=partitions, pools=[pool], work_ack_wait=ack_wait, req_ack_wait=req_ack_wait
     )
-    await provision(js, build_topology(topo))
+    await provision(topo, js=js)
+
+
+async def wait_for_pool(
+    js: JetStreamContext, pool: str, workers: int = 1, partitions: int = 4, *,
+    timeout: float = 120.0, **wait: Any,
+) -> None:  # fmt: skip
+    """Until the router has assigned every partition of a test's private `pool` to its
+    workers (`<pool>-w0`, `<pool>-w1`, ... as these tests name them) and they bound them.
+    `wait`: `since`, `check` as for `wait_for_pools`."""
+    ids = tuple(f"{pool}-w{i}" for i in range(workers))
+    ready = PoolReady(pool, workers, partitions, worker_ids=ids)
+    await wait_for_pools(js, [ready], timeout=timeout, **wait)
+
+
+async def heartbeat(js: JetStreamContext, worker: str) -> WorkerHeartbeat | None:
+    """`worker`'s latest heartbeat (what it runs and holds), if it has a live one."""
+    beats = await fresh_heartbeats(await js.key_value(WORKERS_BUCKET), 0.0, (worker,))
+    return beats.get(worker)
 
 
 def work_subject(req: GenerateRequest, partitions: int = 4) -> str:
@@ -46,46 +74,40 @@ def work_subject(req: GenerateRequest, partitions: int = 4) -> str:
 
 @contextlib.asynccontextmanager
 async def worker_in_process(nats_url: str, **overrides: Any) -> AsyncIterator[WorkerSettings]:
-    overrides = {"assignment": "static", "partitions": 4, **overrides}
+    """A worker on this loop, yielded once it heartbeats (its engine is up); with static
+    assignment (the default here) once it has bound its partitions too."""
+    overrides = {"assignment": "static", "partitions": 4, "heartbeat_interval": 0.3, **overrides}
     settings = WorkerSettings(nats_url=nats_url, **overrides)
-    bus = await connect(settings, f"test-{settings.worker_id}")
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_worker(bus, stop, settings))
-    await asyncio.sleep(0.3)  # let it bind its partitions
-    if task.done():
-        task.result()  # surface a start-up error
-    try:
+    since = time.time()
+    name = f"test-{settings.worker_id}"
+    async with running(name, settings, lambda bus, stop: run_worker(bus, stop, settings)) as group:
+        js = group.connection(name).js
+        if settings.assignment == "static":
+            pool = PoolReady(settings.pool, 1, settings.partitions, routed=False,
+                             worker_ids=(settings.worker_id,))  # fmt: skip
+            await wait_for_pools(js, [pool], since=since, timeout=120, check=group.check)
+        else:
+            await wait_for_heartbeat(js, settings.worker_id, since=since, timeout=120,
+                                     check=group.check)  # fmt: skip
         yield settings
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
-        await bus.close()
 
 
 @contextlib.contextmanager
-def worker_process(nats_url: str, **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    with service_process("worker", nats_url, **env) as proc:
-        yield proc
+def worker_process(nats_url: str, **env: str) -> Iterator[Child]:
+    with service_process("worker", nats_url, **env) as child:
+        yield child
 
 
 @contextlib.contextmanager
-def service_process(name: str, nats_url: str, **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    """`python -m services.<name>` with `SY_*` overrides; terminated (or killed) on exit."""
-    full = {**os.environ, "PYTHONPATH": str(REPO), "SY_NATS_URL": nats_url, **env}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", f"services.{name}"],
-        cwd=REPO, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+def service_process(name: str, nats_url: str, **env: str) -> Iterator[Child]:
+    """`python -m services.<name>` with `SY_*` overrides, its output kept (`Child.output()`);
+    stopped (SIGTERM, then SIGKILL) on exit."""
+    with (
+        tempfile.TemporaryDirectory(prefix=f"test-{name}-") as logs,
+        ProcessGroup(Path(logs), grace=30) as group,
+    ):
+        yield group.start(name, (sys.executable, "-m", f"services.{name}"),
+                          {"SY_NATS_URL": nats_url, **env})  # fmt: skip
 
 
 async def ask(bus: Bus, req: GenerateRequest, *, timeout: float = 60.0) -> list[TokenFrame]:
@@ -97,21 +119,20 @@ async def ask(bus: Bus, req: GenerateRequest, *, timeout: float = 60.0) -> list[
 
 @contextlib.asynccontextmanager
 async def router_in_process(nats_url: str, **overrides: Any) -> AsyncIterator[Any]:
+    """The router's admission, scheduling and placement on this loop; yields the `Router`."""
     from services.router.router import Router
     from services.router.service import load_policies
     from services.router.settings import RouterSettings
 
     settings = RouterSettings(nats_url=nats_url, **overrides)
-    bus = await connect(settings, "test-router")
-    stop = asyncio.Event()
-    router = Router(bus, settings, load_policies(settings))
-    task = asyncio.create_task(router.run(stop))
-    try:
-        yield router
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await bus.close()
+    router: list[Router] = []
+
+    async def main(bus: Bus, stop: asyncio.Event) -> None:
+        router.append(Router(bus, settings, load_policies(settings)))
+        await router[0].run(stop)
+
+    async with running("test-router", settings, main):
+        yield router[0]  # made in the task's first step, which `running` lets run
 
 
 async def submit(bus: Bus, req: GenerateRequest, *, timeout: float = 60.0) -> list[TokenFrame]:
@@ -128,12 +149,7 @@ async def preprocessor_in_process(nats_url: str, **overrides: Any) -> AsyncItera
     from services.preprocessor.settings import PreprocessorSettings
 
     settings = PreprocessorSettings(nats_url=nats_url, **overrides)
-    bus = await connect(settings, "test-preprocessor")
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_preprocessor(bus, stop, settings))
-    try:
+    async with running(
+        "test-preprocessor", settings, lambda bus, stop: run_preprocessor(bus, stop, settings)
+    ):
         yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await bus.close()

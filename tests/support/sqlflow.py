@@ -3,16 +3,18 @@ worker on the `sql` pool, and sqlflow, on the session's NATS and the private Mar
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.sqlflow.service import run_sqlflow
+from services.sqlflow.service import DURABLE, run_sqlflow
 from services.sqlflow.settings import SqlflowSettings
-from switchyard.bus.connection import Bus, connect
+from switchyard.bus.connection import Bus
+from switchyard.fleet.inproc import running
+from switchyard.fleet.readiness import PoolReady, wait_for_pools, wait_for_pull
 from switchyard.text2sql.embedding import shared_embedder
 from switchyard.text2sql.index import KnowledgeIndex
 from tests.conftest import REPO
@@ -37,16 +39,14 @@ async def sqlflow_in_process(
                               "sql_policy_dir": sqlenv.policy_dir, **overrides}  # fmt: skip
     settings = SqlflowSettings(nats_url=nats_url, **values)
     index = KnowledgeIndex(shared_embedder(), path=index_dir)
-    bus = await connect(settings, "test-sqlflow")
-    stop = asyncio.Event()
-    task = asyncio.create_task(run_sqlflow(bus, stop, settings, index))
-    await asyncio.sleep(0.2)
     try:
-        yield Flow(settings, index)
+        async with running(
+            "test-sqlflow", settings, lambda bus, stop: run_sqlflow(bus, stop, settings, index)
+        ) as group:
+            js = group.connection("test-sqlflow").js
+            await wait_for_pull(js, "INGRESS", DURABLE, timeout=60, check=group.check)
+            yield Flow(settings, index)
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
-        await bus.close()
         index.close()
 
 
@@ -58,6 +58,7 @@ async def text2sql_fleet(
     """Everything a question needs, with a private `sql` pool for this test."""
     pool = f"q{unique}"
     await provision_pool(bus.js, pool)
+    since = time.time()
     async with (
         # the production EXPLAIN-gate thresholds (sqlenv's defaults are test-size)
         sql_services(nats_url, sqlenv, **{"sql_explain_max_rows": 50_000,
@@ -68,5 +69,6 @@ async def text2sql_fleet(
                           worker_id=f"{pool}-w0", heartbeat_interval=0.3),
         sqlflow_in_process(nats_url, sqlenv, index_dir, sql_pool=pool, **flow) as running,
     ):  # fmt: skip
-        await asyncio.sleep(1.0)  # the router assigns the pool's partitions
+        ready = PoolReady(pool, 1, 4, worker_ids=(f"{pool}-w0",))
+        await wait_for_pools(bus.js, [ready], since=since, timeout=120)
         yield running
