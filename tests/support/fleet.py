@@ -63,7 +63,9 @@ async def wait_for_pool(
 
 async def heartbeat(js: JetStreamContext, worker: str) -> WorkerHeartbeat | None:
     """`worker`'s latest heartbeat (what it runs and holds), if it has a live one."""
-    beats = await fresh_heartbeats(await js.key_value(WORKERS_BUCKET), 0.0, (worker,))
+    beats = await fresh_heartbeats(
+        await js.key_value(WORKERS_BUCKET), 0.0, (worker,), only_known=True
+    )
     return beats.get(worker)
 
 

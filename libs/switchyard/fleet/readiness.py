@@ -91,10 +91,12 @@ async def wait_for_pools(
     workers = await js.key_value(WORKERS_BUCKET)
     assignments = await js.key_value(ASSIGNMENTS_BUCKET)
     known = {w for pool in pools for w in pool.worker_ids}
+    # Every worker known by name: ask for each, list nothing (see `fresh_heartbeats`).
+    only_known = all(len(pool.worker_ids) >= pool.workers for pool in pools)
     deadline = time.monotonic() + timeout
     while True:
         check()
-        beats = await fresh_heartbeats(workers, since, known)
+        beats = await fresh_heartbeats(workers, since, known, only_known=only_known)
         states, missing = [], []
         for pool in pools:
             state, why = await _pool_state(pool, beats, assignments)
@@ -119,7 +121,7 @@ async def wait_for_heartbeat(
     deadline = time.monotonic() + timeout
     while True:
         check()
-        beat = (await fresh_heartbeats(kv, since, {worker})).get(worker)
+        beat = (await fresh_heartbeats(kv, since, {worker}, only_known=True)).get(worker)
         if beat is not None:
             return beat
         if time.monotonic() > deadline:
@@ -128,17 +130,19 @@ async def wait_for_heartbeat(
 
 
 async def fresh_heartbeats(
-    kv: KeyValue, since: float, known: Iterable[str] = ()
+    kv: KeyValue, since: float, known: Iterable[str] = (), *, only_known: bool = False
 ) -> dict[str, WorkerHeartbeat]:
     """Workers whose latest beat was written at or after `since` and that are not draining.
 
     Listing the keys goes through a watch that can end before an entry being rewritten
-    shows up, so the workers we expect by name are asked for directly too.
+    shows up, so the workers we expect by name are asked for directly too. With
+    `only_known`, nothing is listed: each listing creates a consumer on the bucket's
+    stream, and a tight poll would pile them up to the server's consumer limit.
     """
-    try:
-        keys = set(await kv.keys())
-    except NoKeysError:
-        keys = set()
+    keys: set[str] = set()
+    if not only_known:
+        with contextlib.suppress(NoKeysError):
+            keys = set(await kv.keys())
     beats: dict[str, WorkerHeartbeat] = {}
     for key in keys | set(known):
         with contextlib.suppress(KeyNotFoundError, DecodeError):
