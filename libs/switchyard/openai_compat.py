@@ -6,13 +6,17 @@ answer the same way. They live in the core library, beside the code they convert
 (`messages.inference`), and not in `messages/`: those are the fleet's bus contracts,
 published in `proto/`, while these are an HTTP wire format the fleet never carries.
 
-Unknown request fields are ignored (as OpenAI's SDKs send optional extras such
-as `user`), but every field we act on is validated and capped here, so a bad
-request is a 422 with the offending field named before anything reaches the bus.
+Unknown request fields are ignored (as OpenAI's SDKs send optional extras), but every
+field we act on is validated and capped here, so a bad request is a 422 with the
+offending field named before anything reaches the bus. That includes the session key a
+client names (`X-Session-ID`, else `user`; `requested_session`), which the edge turns
+into the fleet's per-tenant session id (`tenant_session`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import time
 from typing import Annotated, Any, Literal
 
@@ -82,6 +86,61 @@ ResponseFormat = Annotated[
 ]
 
 
+# --- sessions ---------------------------------------------------------------------------
+
+SESSION_HEADER = "X-Session-ID"
+SESSION_KEY_MAX = 256
+# Printable ASCII without spaces: ids, UUIDs, e-mail addresses and hashes (what OpenAI asks
+# `user` to be) all fit; control characters, whitespace and non-ASCII do not, so two keys
+# that print alike (a trailing space, a Cyrillic "a") are never two sessions by surprise.
+SESSION_KEY = re.compile(rf"[\x21-\x7e]{{1,{SESSION_KEY_MAX}}}")
+SESSION_KEY_RULE = f"1-{SESSION_KEY_MAX} printable ASCII characters without spaces"
+USER_DOC = f"The session key ({SESSION_KEY_RULE}), unless an {SESSION_HEADER} header wins."
+HEADER_DOC = f"The session key ({SESSION_KEY_RULE}); wins over the body's `user`."
+
+
+class InvalidSession(ValueError):
+    """A session key the request names that is not one; `param` is where it came from."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def requested_session(headers: list[str], user: str | None) -> str | None:
+    """The session key a request names: its `X-Session-ID` header (every value it came
+    with), else its `user` field, else none. The one that is used must be valid whole;
+    a bad key is refused (`InvalidSession`), never cut or cleaned into another one, and
+    the value itself is not echoed (it may be an e-mail address, or 1 MB of noise)."""
+    if len(headers) > 1:
+        # Two values (a proxy appending its own?) name no one session: refuse to guess.
+        raise InvalidSession(SESSION_HEADER, f"{SESSION_HEADER} is given {len(headers)} times")
+    param, key = (SESSION_HEADER, headers[0]) if headers else ("user", user)
+    if key is None:
+        return None
+    if SESSION_KEY.fullmatch(key) is None:
+        if not key:
+            why = "is empty"
+        elif len(key) > SESSION_KEY_MAX:
+            why = f"has {len(key)} characters"
+        else:
+            at = next(i for i, c in enumerate(key) if not "\x21" <= c <= "\x7e")
+            why = f"has {key[at]!r} at position {at}"
+        raise InvalidSession(param, f"{param} {why}; a session key is {SESSION_KEY_RULE}")
+    return key
+
+
+def tenant_session(tenant: str, key: str) -> str:
+    """The fleet's session id for a tenant's session key: 32 hex digits of a hash of both.
+
+    The envelope's `SessionId` is a NATS token (at most 64 of `[A-Za-z0-9_-]`) and a key
+    may be 256 printable characters, so the id is a digest: fixed length, injective in
+    practice (128 bits; NUL is in neither a tenant id nor a key). The router keeps
+    sessions per tenant anyway (`services/router/sessions.py::route_id`); hashing the
+    tenant in as well means no two tenants' ids are ever equal, in logs or anywhere."""
+    return hashlib.blake2b(f"{tenant}\0{key}".encode(), digest_size=16).hexdigest()
+
+
 class ChatCompletionRequest(_In):
     model: Annotated[str, Field(min_length=1, max_length=256)]
     messages: Annotated[list[InMessage], Field(min_length=1, max_length=256)]
@@ -101,7 +160,8 @@ class ChatCompletionRequest(_In):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
-    user: Annotated[str, Field(max_length=256)] | None = None
+    # No pattern here: the sim server takes any `user`; the edge checks the one it uses.
+    user: Annotated[str, Field(max_length=SESSION_KEY_MAX, description=USER_DOC)] | None = None
 
     def chat_messages(self, max_chars: int) -> list[ChatMessage]:
         out = []

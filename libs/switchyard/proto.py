@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.messages.agent import AgentStep
 from switchyard.messages.deadletter import DeadLetter
-from switchyard.messages.fleet import Assignment, TenantStatus, WorkerHeartbeat
+from switchyard.messages.fleet import Assignment, SessionRoute, TenantStatus, WorkerHeartbeat
 from switchyard.messages.idempotency import Claim
 from switchyard.messages.inference import (
     Cancel,
@@ -57,6 +57,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     DeadLetter,
     WorkerHeartbeat,
     Assignment,
+    SessionRoute,
     TenantStatus,
     Claim,
 )
@@ -116,6 +117,9 @@ CHANNELS: tuple[Channel, ...] = (
     Channel("fleetAssignments", "$KV.fleet_assignments.{pool}.p{partition}", (Assignment,),
             "Partition ownership (KV, compare-and-set).", "KV fleet_assignments",
             ("router",), ("worker",)),
+    Channel("fleetSessions", "$KV.fleet_sessions.{pool}.{tenant}.{session}", (SessionRoute,),
+            "Session -> worker, written by routers with create/compare-and-set (KV with TTL).",
+            "KV fleet_sessions", ("router",), ("router",)),
     Channel("fleetTenants", "$KV.fleet_tenants.{tenant}.{router}", (TenantStatus,),
             "Each tenant's usage at each router, every second (KV with TTL).", "KV fleet_tenants",
             ("router",), ("edge",)),

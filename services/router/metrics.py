@@ -35,9 +35,17 @@ VTC = Gauge(
 )  # fmt: skip
 PLACEMENT = Counter(
     "sy_router_placement_decisions_total",
-    "Partition placement decisions: keep / initial / dead / drain / spill",
+    "Partition moves between workers: initial / dead / drain / spill",
     ["decision"],
-)  # keep / initial / dead / drain / spill
+)
+# Why each dispatched request went to its worker (scheduling/affinity.py): sticky (its
+# session's worker), new (a new session), prefix (no session: by prompt prefix and load),
+# dead / drain / load (its session moved).
+ROUTE = Counter(
+    "sy_router_route_decisions_total",
+    "Per-request worker choices: sticky / new / prefix / dead / drain / load",
+    ["pool", "reason"],
+)
 PARTITIONS = Gauge(
     "sy_router_partitions", "Partitions the router assigns to each worker", ["pool", "worker"]
 )

@@ -1,5 +1,7 @@
-"""The router: admits requests from `REQ` by tokens, queues them fairly, and dispatches
-each to its partition on `WORK` only while that partition's worker has free credit.
+"""The router: admits requests from `REQ` by tokens, queues them fairly, picks each one's
+worker (`scheduling.affinity`: sticky per session, prefix-aware without one, bounded by
+load in tokens) and dispatches it on `WORK` on a partition that worker owns, only while
+the worker has free credit.
 
 A `REQ` message stays unacked while its request waits here (kept alive with
 `in_progress()`); it is acked only after the `WORK` publish is acknowledged, so
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -19,6 +22,7 @@ from nats.aio.msg import Msg
 
 from services.router import metrics
 from services.router.fleet import Fleet
+from services.router.sessions import SessionTable, route_id
 from services.router.settings import RouterSettings
 from switchyard import subjects
 from switchyard.answers import answer, result_for
@@ -30,16 +34,15 @@ from switchyard.codec import decode
 from switchyard.errors import DecodeError
 from switchyard.logging import bind_request, get_logger
 from switchyard.messages.inference import GenerateRequest, GenerateResult
-from switchyard.partition import partition
+from switchyard.partition import fnv1a_32, partition
 from switchyard.requestpolicy import Refusal, Tombstones, verdict
 from switchyard.scheduling.admission import Admission
+from switchyard.scheduling.affinity import Affinity, Block, Decision, WorkerLoad, prefix_blocks
 from switchyard.scheduling.fair import FairQueue, Item
 from switchyard.scheduling.placement import Placement
 from switchyard.scheduling.policy import Policies
 
 log = get_logger(__name__)
-
-LOAD_HALF_LIFE = 30.0  # seconds: how fast a partition's measured load forgets
 
 
 @dataclass
@@ -47,15 +50,27 @@ class Queued:
     req: GenerateRequest
     msg: Msg
     received: float
+    blocks: list[Block]  # the prompt's prefix blocks, hashed once at admission
 
 
 @dataclass
 class Outstanding:
     pool: str
-    partition: int
+    worker: str
     tenant: str
     max_tokens: int
+    tokens: int  # prompt + max_tokens: what it adds to its worker's load
     at: float
+
+
+def delivery_partition(owned: list[int], key: str, partitions: int) -> int:
+    """The partition of `owned` (the chosen worker's, non-empty) a request travels on: its
+    key's own partition when the worker owns it, else one of the worker's picked by the key,
+    so a session's requests keep to one partition while ownership stands still."""
+    home = partition(key, partitions)
+    if home in owned:
+        return home
+    return owned[fnv1a_32(key.encode()) % len(owned)]
 
 
 class Router:
@@ -73,17 +88,19 @@ class Router:
             aging=settings.aging, locality_bound=settings.locality_bound,
         )  # fmt: skip
         self.placements = {
-            pool: Placement(
-                settings.partitions,
-                settings.epsilon,
-                settings.spill_cooldown,
-                spill_epsilon=settings.spill_epsilon,
+            pool: Placement(settings.partitions, settings.epsilon) for pool in settings.pools
+        }
+        self.affinity = {
+            pool: Affinity(
+                settings.routing_policy, settings.epsilon, hold=settings.move_hold,
+                cooldown=settings.move_cooldown, ttl=settings.session_ttl,
             )
             for pool in settings.pools
-        }
+        }  # fmt: skip
+        self.sessions = SessionTable(bus.js, self.affinity, settings.router_id)
+        self.policies = policies
         self.fleet = Fleet(bus.js, settings.dead_after)
         self.outstanding: dict[str, Outstanding] = {}
-        self.load: dict[tuple[str, int], tuple[float, float]] = {}  # EWMA tokens/s, updated at
         self.warm: dict[str, float] = {}  # session -> last dispatch
         self.cancelled = Tombstones()  # cancels of requests not (yet) queued here
         self.labels = metrics.tenant_labels(settings.top_tenants)
@@ -96,6 +113,7 @@ class Router:
         await self.fleet.open()
         for pool, placement in self.placements.items():
             await self.fleet.load_assignment(pool, placement)
+        await self.sessions.open()  # every live session route, before the first dispatch
         subs = [
             await self.bus.nc.subscribe(subjects.RES_ALL, cb=self._on_result),
             await self.bus.nc.subscribe(subjects.CANCEL_ALL, cb=self._on_cancel),
@@ -105,6 +123,7 @@ class Router:
             asyncio.create_task(self._dispatch_loop(stop)),
             asyncio.create_task(self._placement_loop(stop)),
             asyncio.create_task(self._keepalive_loop(stop)),
+            asyncio.create_task(self.sessions.follow(stop)),
         ]
         try:
             await stop.wait()
@@ -178,16 +197,20 @@ class Router:
             metrics.ADMITTED_TOKENS.labels(label, "input").inc(req.prompt_tokens)
             metrics.ADMITTED_TOKENS.labels(label, "output").inc(req.sampling.max_tokens)
             now = time.time()
+            # The salt is the router's to set, never the producer's: a request carrying
+            # another tenant's salt could time that tenant's cached prompts.
+            salt = self.policies.cache_salt(req.tenant)
             stamped = req.model_copy(
-                update={"admitted_at": req.admitted_at or now, "priority": admitted.priority}
-            )
-            key = req.session or req.tenant
+                update={"admitted_at": req.admitted_at or now, "priority": admitted.priority,
+                        "cache_salt": salt}
+            )  # fmt: skip
+            blocks = prefix_blocks(salt, req.messages, req.prompt, req.images)
             self.queue.push(
                 Item(
                     request_id=req.id, tenant=req.tenant, priority=admitted.priority,
                     prompt_tokens=req.prompt_tokens, max_tokens=req.sampling.max_tokens,
-                    partition=partition(key, self.s.partitions), enqueued_at=now,
-                    payload=Queued(stamped, msg, now),
+                    partition=partition(self._key(req, blocks), self.s.partitions),
+                    enqueued_at=now, payload=Queued(stamped, msg, now, blocks),
                 )
             )  # fmt: skip
             self.wake.set()
@@ -201,18 +224,33 @@ class Router:
 
     # -- dispatch: fair queue -> WORK, within credit -------------------------------------
 
-    def _free_credit(self, pool: str) -> dict[str, int]:
+    @staticmethod
+    def _key(req: GenerateRequest, blocks: list[Block]) -> str:
+        """What a request's delivery partition is derived from: its session, else its
+        prompt's first block (so one prefix keeps to one partition of a worker)."""
+        if req.session:
+            return req.session
+        return blocks[0].digest.hex() if blocks else req.id
+
+    def _loads(self, pool: str) -> dict[str, WorkerLoad]:
+        """Every live worker of `pool` that owns a partition (so a request can reach it):
+        its load in tokens and whether it has credit for one more request."""
         placement = self.placements[pool]
-        free: dict[str, int] = {}
+        count: dict[str, int] = {}
+        tokens: dict[str, float] = {}
+        for o in self.outstanding.values():
+            if o.pool == pool:
+                count[o.worker] = count.get(o.worker, 0) + 1
+                tokens[o.worker] = tokens.get(o.worker, 0.0) + o.tokens
+        loads: dict[str, WorkerLoad] = {}
         for hb in self.fleet.live(pool):
-            if hb.draining:
+            if not placement.partitions_of(hb.worker):
                 continue
-            mine = sum(
-                1 for o in self.outstanding.values()
-                if o.pool == pool and placement.owner(o.partition) == hb.worker
-            )  # fmt: skip
-            free[hb.worker] = hb.slots * self.s.credit_per_slot - max(mine, hb.queued)
-        return free
+            credit = hb.slots * self.s.credit_per_slot - max(count.get(hb.worker, 0), hb.queued)
+            loads[hb.worker] = WorkerLoad(
+                hb.worker, hb.slots, tokens.get(hb.worker, 0.0), hb.draining, credit
+            )
+        return loads
 
     async def _dispatch_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -223,31 +261,48 @@ class Router:
             await self._dispatch_round()
 
     async def _dispatch_round(self) -> None:
-        """Dispatch, in fair order, everything that has credit now."""
-        credit = {pool: self._free_credit(pool) for pool in self.placements}
-        owners: dict[str, str] = {}  # request id -> the worker `can_run` found with credit
+        """Dispatch, in fair order, everything that has a worker with credit now."""
         now = time.time()
+        loads = {pool: self._loads(pool) for pool in self.placements}
+        for pool, affinity in self.affinity.items():
+            affinity.observe(list(loads[pool].values()), now)
+        decided: dict[str, Decision] = {}  # request id -> what `can_run` decided for it
 
         def can_run(item: Item[Queued]) -> bool:
-            pool = item.payload.req.pool
-            owner = self.placements[pool].owner(item.partition)
-            if owner is None or credit[pool].get(owner, 0) <= 0:
+            req = item.payload.req
+            workers = loads[req.pool]
+            session = route_id(req.tenant, req.session) if req.session else None
+            decision = self.affinity[req.pool].choose(
+                list(workers.values()), req.prompt_tokens + req.sampling.max_tokens,
+                session, item.payload.blocks, now,
+            )  # fmt: skip
+            if decision is None or not workers[decision.worker].has_credit:
                 return False
-            owners[item.request_id] = owner
+            decided[item.request_id] = decision
             return True
 
         def warm(item: Item[Queued]) -> bool:
-            session = item.payload.req.session
-            return session is not None and now - self.warm.get(session, 0) < self.s.warm_seconds
+            req = item.payload.req
+            if not req.session:
+                return False
+            return now - self.warm.get(route_id(req.tenant, req.session), 0) < self.s.warm_seconds
 
         while (item := self.queue.pick(can_run, warm)) is not None:
-            owner = owners[item.request_id]  # `pick` only returns an item `can_run` accepted
-            credit[item.payload.req.pool][owner] -= 1
-            if not await self._dispatch(item, owner):
+            decision = decided[item.request_id]  # `pick` only returns what `can_run` accepted
+            if not await self._dispatch(item, decision):
                 return
+            req = item.payload.req
+            was = loads[req.pool][decision.worker]  # this dispatch adds load and takes credit
+            loads[req.pool][decision.worker] = dataclasses.replace(
+                was, load=was.load + req.prompt_tokens + req.sampling.max_tokens,
+                credit=was.credit - 1,
+            )  # fmt: skip
 
-    async def _dispatch(self, item: Item[Queued], worker: str) -> bool:
+    async def _dispatch(self, item: Item[Queued], decision: Decision) -> bool:
         req, msg = item.payload.req, item.payload.msg
+        worker = decision.worker
+        owned = self.placements[req.pool].partitions_of(worker)
+        part = delivery_partition(owned, self._key(req, item.payload.blocks), self.s.partitions)
         now = time.time()
         label = self.labels.peek(req.tenant)  # its traffic was counted at admission
         with bind_request(req.id, req.tenant, req.trace):
@@ -259,17 +314,16 @@ class Router:
             try:
                 # The worker reports admission -> dispatch as the router's queueing time.
                 sent = req.model_copy(
-                    update={"dispatched_at": now, "partition": item.partition, "routed_to": worker}
+                    update={"dispatched_at": now, "partition": part, "routed_to": worker}
                 )
                 # Registered before the publish: a fast engine can answer, and `_on_result`
                 # run, while the publish and the ack are still awaited; a result for a request
                 # not yet registered was dropped and its credit and concurrency held forever.
                 self.outstanding[req.id] = Outstanding(
-                    req.pool, item.partition, req.tenant, req.sampling.max_tokens, now
-                )
-                await publish(
-                    self.bus.js, subjects.work(req.pool, item.partition), sent, msg_id=req.id
-                )
+                    req.pool, worker, req.tenant, req.sampling.max_tokens,
+                    req.prompt_tokens + req.sampling.max_tokens, now,
+                )  # fmt: skip
+                await publish(self.bus.js, subjects.work(req.pool, part), sent, msg_id=req.id)
                 await msg.ack()
             except Exception as exc:
                 self.outstanding.pop(req.id, None)
@@ -277,13 +331,18 @@ class Router:
                 self.queue.requeue(item)  # try again next round, at the head
                 return False
             self.admission.dispatched(req.id)
+            self.affinity[req.pool].commit(decision, item.payload.blocks, now)
             if req.session:
-                self.warm[req.session] = now
-            self._add_load(req.pool, item.partition, req.prompt_tokens + req.sampling.max_tokens)
+                self.warm[route_id(req.tenant, req.session)] = now
+                if decision.write:
+                    await self.sessions.record(req.pool, req.tenant, req.session, decision, now)
             metrics.QUEUE_WAIT.labels(label).observe(now - item.enqueued_at)
             metrics.TIME_IN_ROUTER.observe(now - item.payload.received)
-            metrics.PLACEMENT.labels("keep").inc()
-            log.debug("router.dispatched", worker=worker, partition=item.partition)
+            metrics.ROUTE.labels(req.pool, decision.reason).inc()
+            if decision.reason in ("dead", "drain", "load"):
+                log.info("router.session_moved", session=req.session, worker=worker,
+                         reason=decision.reason)  # fmt: skip
+            log.debug("router.dispatched", worker=worker, partition=part, reason=decision.reason)
         return True
 
     async def _sweep(self) -> None:
@@ -341,22 +400,13 @@ class Router:
             cutoff = time.time() - max(600.0, 10 * self.s.max_queue_seconds)
             for rid in [r for r, o in self.outstanding.items() if o.at < cutoff]:
                 del self.outstanding[rid]
+            now = time.time()
+            for affinity in self.affinity.values():
+                affinity.expire(now)
+            for session in [s for s, at in self.warm.items() if now - at > self.s.warm_seconds]:
+                del self.warm[session]
 
     # -- placement -----------------------------------------------------------------------
-
-    def _add_load(self, pool: str, p: int, tokens: int) -> None:
-        now = time.time()
-        rate, at = self.load.get((pool, p), (0.0, now))
-        decay = 0.5 ** ((now - at) / LOAD_HALF_LIFE)
-        self.load[(pool, p)] = (rate * decay + tokens / LOAD_HALF_LIFE, now)
-
-    def _loads(self, pool: str) -> dict[int, float]:
-        now = time.time()
-        return {
-            p: rate * 0.5 ** ((now - at) / LOAD_HALF_LIFE)
-            for (pl, p), (rate, at) in self.load.items()
-            if pl == pool
-        }
 
     async def _placement_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -369,14 +419,10 @@ class Router:
 
     async def _rebalance(self) -> None:
         await self.fleet.refresh_workers()
-        now = time.time()
         for pool, placement in self.placements.items():
-            views = self.fleet.views(pool)
-            moves = placement.reconcile(views, None, now)
-            if not moves and views:
-                # Only a fleet that needs no other move spills by load (with its own,
-                # larger bound: moving a partition costs its sessions their warm cache).
-                moves = placement.reconcile(views, self._loads(pool), now)
+            # Partitions only carry requests to their worker: a count share per slot is
+            # all they need. Load is balanced per session, at dispatch (`affinity`).
+            moves = placement.reconcile(self.fleet.views(pool))
             for move in moves:
                 if not await self.fleet.write(pool, move):
                     await self.fleet.load_assignment(pool, placement)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -19,9 +20,20 @@ class RouterSettings(Settings):
     credit_per_slot: int = Field(default=2, ge=1, le=64)
     # A worker whose last heartbeat is older than this is dead; its partitions move.
     dead_after: float = Field(default=6.0, gt=0)
+    # Partitions per worker within (1 + epsilon) x its slot share, and a session's worker
+    # overloaded above (1 + epsilon) x the pool's mean load per slot (in tokens).
     epsilon: float = Field(default=0.25, gt=0, description="bounded-load slack")
-    spill_epsilon: float = Field(default=1.0, gt=0, description="load-based spill threshold")
-    spill_cooldown: float = Field(default=60.0, ge=0)
+    routing_policy: Literal["switchyard", "least_loaded", "round_robin"] = Field(
+        default="switchyard", description="how a request's worker is chosen (scheduling/affinity)"
+    )
+    move_hold: float = Field(
+        default=2.0, ge=0, description="seconds a worker stays overloaded before a session moves"
+    )
+    move_cooldown: float = Field(
+        default=30.0, ge=0, description="a session moves for load at most once per this"
+    )
+    # Must equal the topology's `session_ttl` (the KV bucket's TTL): same env variable.
+    session_ttl: float = Field(default=600.0, gt=0, description="a session keeps its worker")
     rebalance_interval: float = Field(default=1.0, gt=0)
     max_queue_seconds: float = Field(default=60.0, gt=0, description="then answered 'timeout'")
     w_in: float = Field(default=1.0, gt=0)

@@ -204,7 +204,10 @@ def test_sweep_of_a_sim_fleet_finds_its_knee(
     assert knee.load in (4, 8, 16)
     at = runs[knee.load]
     assert at.throughput_rps < 0.8 * knee.load  # saturated: it served well below the offer
-    assert at.e2e_ms.p99 > 2 * light.e2e_ms.p99
+    # Against the light step's median, not its p99: that step has 8 samples, so its "p99"
+    # is its single slowest request, and one unlucky collision on a 1-slot worker (seen
+    # in CI: 6.9 s) made it as slow as a saturated step's tail.
+    assert at.e2e_ms.p99 > 2 * light.e2e_ms.p50
     assert at.goodput_rps <= at.throughput_rps
     assert result.operating is not None and result.operating.load <= knee.recommended_limit
 

@@ -21,6 +21,7 @@ DAY = 24 * HOUR
 # The KV buckets, named once: every reader and writer imports these.
 WORKERS_BUCKET = "fleet_workers"  # worker id -> WorkerHeartbeat (TTL)
 ASSIGNMENTS_BUCKET = "fleet_assignments"  # <pool>.p<k> -> Assignment (CAS)
+SESSIONS_BUCKET = "fleet_sessions"  # <pool>.<tenant>.<session> -> SessionRoute
 TENANTS_BUCKET = "fleet_tenants"  # <tenant>.<router> -> TenantStatus (TTL)
 IDEMPOTENCY_BUCKET = "idempotency"  # <tenant>.<key hash> -> Claim (TTL)
 
@@ -76,6 +77,9 @@ class TopologySettings(Settings):
     dlq_max_age: float = Field(default=7 * DAY, ge=0)
     heartbeat_ttl: float = Field(default=10.0, gt=0)
     idempotency_ttl: float = Field(default=DAY, gt=0)
+    # How long a session keeps its worker after its last request (the router's
+    # `session_ttl` must be the same: it expires its mirror of the bucket by it).
+    session_ttl: float = Field(default=600.0, gt=0)
     pools: list[str] = ["agent", "sql", "llm"]
     work_ack_wait: float = Field(default=30.0, gt=0)
     # How long a crashed router's queued requests wait before another router gets them.
@@ -171,6 +175,7 @@ def build_topology(s: TopologySettings) -> Topology:
         BucketSpec(WORKERS_BUCKET, s.heartbeat_ttl, 1, "Worker heartbeats (expire with TTL)."),
         BucketSpec(ASSIGNMENTS_BUCKET, 0, 1, "Partition -> worker, written with CAS."),
         BucketSpec(IDEMPOTENCY_BUCKET, s.idempotency_ttl, 1, "Idempotency-Key -> request id."),
+        BucketSpec(SESSIONS_BUCKET, s.session_ttl, 1, "Session -> worker (TTL, create/CAS)."),
         BucketSpec(TENANTS_BUCKET, s.heartbeat_ttl, 1, "Per-tenant usage, from each router."),
     )
     return Topology(streams, tuple(consumers), buckets)

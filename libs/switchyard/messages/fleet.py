@@ -1,4 +1,5 @@
-"""Fleet state kept in KV buckets: worker heartbeats, partition assignments, tenants' usage."""
+"""Fleet state kept in KV buckets: worker heartbeats, partition assignments, session routes,
+tenants' usage."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from switchyard.envelope import Model, ShortText, TenantId, Token, UnixTime
+from switchyard.envelope import Model, SessionId, ShortText, TenantId, Token, UnixTime
 
 
 class WorkerHeartbeat(Model):
@@ -70,3 +71,24 @@ class TenantStatus(Model):
 def tenant_status_key(tenant: str, router: str) -> str:
     """The tenant first, so one tenant's rows are read by key filter alone."""
     return f"{tenant}.{router}"
+
+
+class SessionRoute(Model):
+    """KV `fleet_sessions` value (key from `session_key`): the worker a session's requests
+    go to, so every router sends a session to the same worker and a restarted router
+    remembers. The entry expires with the bucket's TTL unless a router rewrites it; routers
+    rewrite a live session's entry when half of that has passed."""
+
+    v: int = 1
+    pool: Token
+    tenant: TenantId
+    session: SessionId
+    worker: Token
+    at: UnixTime  # when this entry was written
+    reason: Literal["new", "dead", "drain", "load"] = "new"
+
+
+def session_key(pool: str, tenant: str, session: str) -> str:
+    """`<pool>.<tenant>.<session>`: a session id is the tenant's own (two tenants may both
+    have an "episode-1"), and all three are tokens, which KV keys allow as is."""
+    return f"{pool}.{tenant}.{session}"

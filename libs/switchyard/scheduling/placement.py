@@ -1,12 +1,13 @@
 """Partition placement: partitions -> live workers by consistent hashing with bounded load.
 
-A partition keeps its worker (its sessions' prefixes live in that worker's KV
-cache) unless the worker dies, drains, or carries more than (1 + epsilon) x the
-average load; only then does it move, and only as far as needed. Measured load
-(tokens, not partition counts) may have its own, usually wider, bound
-`spill_epsilon`: a move costs the partition's sessions their warm cache. Initial
-placement walks a hash ring from the partition's point and takes the first
-worker still under its bounded share, so adding a worker moves few partitions.
+Partitions are the delivery channel: a worker consumes the `WORK` partitions it owns,
+and the router sends each request on a partition of the worker it chose for it
+(`affinity`: per session, by load in tokens). So a partition's placement only has to
+give every live worker its share: a partition keeps its worker unless the worker dies,
+drains, or holds more than (1 + epsilon) x its slot share of partitions; only then does
+it move, and only as far as needed. Initial placement walks a hash ring from the
+partition's point and takes the first worker still under its bounded share, so adding a
+worker moves few partitions.
 """
 
 from __future__ import annotations
@@ -46,10 +47,7 @@ def _point(key: str) -> int:
 class Placement:
     partitions: int
     epsilon: float = 0.25
-    spill_cooldown: float = 60.0
-    spill_epsilon: float | None = None  # the bound of a load-based spill; None: `epsilon`
     assignment: dict[int, str] = field(default_factory=dict)
-    _moved_at: dict[int, float] = field(default_factory=dict)
 
     def owner(self, partition: int) -> str | None:
         return self.assignment.get(partition)
@@ -82,13 +80,8 @@ class Placement:
                 return worker
         return min(workers, key=lambda w: counts.get(w.worker, 0) / w.slots).worker
 
-    def reconcile(
-        self,
-        workers: list[WorkerView],
-        load: dict[int, float] | None = None,
-        now: float = 0.0,
-    ) -> list[Move]:
-        """Moves that bring the assignment in line with the live workers (and load)."""
+    def reconcile(self, workers: list[WorkerView]) -> list[Move]:
+        """Moves that bring the assignment in line with the live workers."""
         eligible = [w for w in workers if not w.draining]
         if not eligible:
             return []
@@ -110,22 +103,13 @@ class Placement:
             counts[dst] = counts.get(dst, 0) + 1
             moves.append(Move(p, current, dst, reason))
             self.assignment[p] = dst
-            self._moved_at[p] = now
         # A joiner takes its share first, from the fullest workers, so no partition
         # moves twice; then anything still over its bound is shed.
-        moves += self._fill_shortfall(eligible, counts, now)
-        moves += self._shed_excess(eligible, counts, now)
-        if load:
-            spill = self._spill(eligible, load, now)
-            if spill:
-                moves.append(spill)
-                self.assignment[spill.partition] = spill.dst
-                self._moved_at[spill.partition] = now
+        moves += self._fill_shortfall(eligible, counts)
+        moves += self._shed_excess(eligible, counts)
         return moves
 
-    def _fill_shortfall(
-        self, workers: list[WorkerView], counts: dict[str, int], now: float
-    ) -> list[Move]:
+    def _fill_shortfall(self, workers: list[WorkerView], counts: dict[str, int]) -> list[Move]:
         """A worker with no partitions (one that joined a fleet already under its caps)
         takes partitions from the fullest workers until it holds (1 - epsilon) x its
         share; without this a late joiner would idle until something else moved.
@@ -148,13 +132,10 @@ class Placement:
                 counts[donor.worker] -= 1
                 counts[w.worker] = counts.get(w.worker, 0) + 1
                 self.assignment[p] = w.worker
-                self._moved_at[p] = now
                 moves.append(Move(p, donor.worker, w.worker, "spill"))
         return moves
 
-    def _shed_excess(
-        self, workers: list[WorkerView], counts: dict[str, int], now: float
-    ) -> list[Move]:
+    def _shed_excess(self, workers: list[WorkerView], counts: dict[str, int]) -> list[Move]:
         """A worker holding more than its bounded share of partitions (e.g. the first of
         several to start) gives the excess to workers under theirs, as a ring walk
         from each partition would choose."""
@@ -171,41 +152,5 @@ class Placement:
                 counts[w.worker] -= 1
                 counts[dst] = counts.get(dst, 0) + 1
                 self.assignment[p] = dst
-                self._moved_at[p] = now
                 moves.append(Move(p, w.worker, dst, "spill"))
         return moves
-
-    def _spill(self, workers: list[WorkerView], load: dict[int, float], now: float) -> Move | None:
-        """At most one move per call: the hottest worker gives the coolest the partition
-        that best evens it out among those that keep the target under the spill bound.
-
-        Loads are per slot and the mean is the pool's (total load / total slots), the
-        same slot weighting as the partition caps; an unweighted mean of per-slot loads
-        lets a small worker next to big ones run far past (1 + epsilon) x its share."""
-        if len(workers) < 2:
-            return None
-        slots = {w.worker: w.slots for w in workers}
-        per_worker = {
-            w.worker: sum(load.get(p, 0.0) for p in self.partitions_of(w.worker)) / w.slots
-            for w in workers
-        }
-        mean = sum(per_worker[w] * slots[w] for w in per_worker) / sum(slots.values())
-        if mean <= 0:
-            return None
-        bound = (1 + (self.epsilon if self.spill_epsilon is None else self.spill_epsilon)) * mean
-        hot = max(per_worker, key=lambda w: per_worker[w])
-        cool = min(per_worker, key=lambda w: per_worker[w])
-        if per_worker[hot] <= bound:
-            return None
-        want = (per_worker[hot] - mean) * slots[hot]
-        candidates = [
-            p
-            for p in self.partitions_of(hot)
-            if now - self._moved_at.get(p, -math.inf) >= self.spill_cooldown
-            and load.get(p, 0.0) > 0
-            and per_worker[cool] + load[p] / slots[cool] <= bound
-        ]
-        if not candidates:
-            return None
-        p = min(candidates, key=lambda c: abs(load[c] - want))
-        return Move(p, hot, cool, "spill")

@@ -7,6 +7,7 @@ A YAML file (`SY_TENANT_POLICY`):
       otpm: 20000
     tenants:
       acme: {itpm: 1000000, otpm: 100000, max_concurrency: 64, weight: 2, priority: [0, 5]}
+      acme-eu: {cache_group: acme}   # shares acme's cached prompt prefixes (default: none)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Annotated
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from switchyard.envelope import TenantId
+from switchyard.envelope import TenantId, Token
 from switchyard.errors import SwitchyardError
 
 
@@ -30,6 +31,9 @@ class TenantPolicy(BaseModel):
     max_queued_tokens: int = Field(default=2_000_000, ge=1, description="prompt + max_tokens")
     priority: Annotated[tuple[int, int], Field(description="allowed [min, max] priority")] = (0, 9)
     weight: float = Field(default=1.0, gt=0, description="share of service under contention")
+    # Tenants naming the same group share KV-cache prefixes (their `cache_salt`); by
+    # default each tenant is its own group, so no tenant can time another's prompts.
+    cache_group: Token | None = Field(default=None, description="share KV prefixes with")
 
     @model_validator(mode="after")
     def _priority_range(self) -> TenantPolicy:
@@ -47,6 +51,12 @@ class Policies(BaseModel):
 
     def for_tenant(self, tenant: str) -> TenantPolicy | None:
         return self.tenants.get(tenant, self.default)
+
+    def cache_salt(self, tenant: str) -> str:
+        """The `cache_salt` every request of `tenant` carries: its group's, else its own."""
+        policy = self.for_tenant(tenant)
+        group = policy.cache_group if policy is not None else None
+        return group or tenant
 
     @classmethod
     def load(cls, path: Path) -> Policies:

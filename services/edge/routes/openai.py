@@ -4,6 +4,10 @@ A chat request becomes a `ChatRequest` on `llm.in.<tenant>` (tenant from the API
 never the body) and the token frames coming back are rendered as an OpenAI chat
 completion or as SSE chunks. A stream waits up to `first_frame_grace` for its first
 frame before committing to a 200, so the router's refusals are real HTTP statuses.
+
+The session key a request names (`X-Session-ID`, else `user`) becomes the envelope's
+`session`, hashed with the tenant (`tenant_session`) so that two tenants' keys never
+meet in the router.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from services.edge.state import State, Who, request_id, traceparent
 from switchyard.errors import SwitchyardError
 from switchyard.messages.inference import ChatRequest, GenerateResult, TokenFrame
 from switchyard.openai_compat import (
+    HEADER_DOC,
+    SESSION_HEADER,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -38,11 +44,14 @@ from switchyard.openai_compat import (
     CompletionUsage,
     Delta,
     FinishReason,
+    InvalidSession,
     ModelCard,
     ModelList,
     completion,
     completion_id,
     finish_reason,
+    requested_session,
+    tenant_session,
     usage_of,
 )
 
@@ -69,15 +78,20 @@ async def chat_completions(
     state: State,
     who: Who,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+    # Declared for the OpenAPI document; read below with every value it came with.
+    x_session_id: Annotated[
+        str | None, Header(alias=SESSION_HEADER, description=HEADER_DOC)
+    ] = None,
 ) -> Response:
     settings = state.settings
     if body.model not in settings.models:
         raise ApiError(404, f"model {body.model!r} does not exist", code="model_not_found")
     if not who.may_use_model(body.model) or not who.may_use_pool(settings.chat_pool):
         raise Forbidden(f"this key may not use model {body.model!r}")
+    session = chat_session(request, who.tenant, body.user)
     try:
         chat = ChatRequest(
-            id=request_id(request), tenant=who.tenant, model=body.model,
+            id=request_id(request), tenant=who.tenant, session=session, model=body.model,
             messages=body.chat_messages(settings.max_message_chars),
             sampling=body.sampling(settings.default_max_tokens, settings.max_tokens_cap),
             constraint=body.constraint(), stream=bool(body.stream),
@@ -107,6 +121,18 @@ async def chat_completions(
         # runs the lifecycle's clean-up, not this function's return.
         events = stream(flight, lifecycle.pop_all(), body, first)
         return StreamingResponse(events, media_type="text/event-stream", headers=sse.HEADERS)
+
+
+def chat_session(request: Request, tenant: str, user: str | None) -> str | None:
+    """The envelope's `session` for this request, or None when it names no session key.
+
+    A bad key is a 422 `invalid_session` naming the header or `user`, the edge's status
+    for every other invalid field too."""
+    try:
+        key = requested_session(request.headers.getlist(SESSION_HEADER), user)
+    except InvalidSession as exc:
+        raise ApiError(422, str(exc), code="invalid_session", param=exc.param) from None
+    return None if key is None else tenant_session(tenant, key)
 
 
 class _Chunks:

@@ -1,0 +1,340 @@
+"""Which worker serves a request: sticky per session, prefix-aware without one, bounded by load.
+
+Partitions are only the delivery channel (`placement.Placement` gives every live worker
+its share of them); this module decides the worker, per request, from
+
+- a worker's **load**: the tokens it is serving, i.e. prompt + `max_tokens` of every
+  request dispatched to it and not yet answered, per engine slot. Tokens, not requests:
+  one 8k-token prompt is not one 50-token chat turn;
+- a **session table** (session -> worker), mirrored from JetStream KV by the router so a
+  second router and a restarted one agree; entries expire after `ttl` unless refreshed;
+- a **prefix index** (chained hashes of the prompt's leading blocks -> workers that were
+  recently sent them), the approximate radix tree of SGLang's cache-aware router and
+  llm-d's prefix scorer. Each router keeps its own; it is a hint, never a correctness matter.
+
+The shipped policy, `switchyard`:
+
+1. A request of a session whose worker is live and not draining goes to that worker.
+   It moves only when that worker has been **overloaded** — load per slot above
+   (1 + `epsilon`) x the pool's mean — continuously for `hold` seconds, the session has
+   not moved in the last `cooldown` seconds, and somewhere is below the mean. After a move
+   the worker's overload clock starts again, so an overloaded worker sheds one session per
+   `hold`: load that is uneven for a moment moves nothing, and no session bounces back.
+2. Anything else (a new session, a session whose worker died or drains, a request without
+   a session) goes to the worker that would finish it soonest by tokens: the least
+   (load + the part of this prompt it has not cached) per slot, among workers whose load is
+   within the bound; when none is within it, the least loaded. A prompt whose prefix a
+   worker holds goes there while that worker has room, and a hot prefix (one tenant's
+   system prompt) spreads over as many workers as its load needs.
+
+`least_loaded` (least load per slot, no memory) and `round_robin` are the baselines
+`sy bench route` compares it with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from switchyard.agentprompt import visual_tokens
+from switchyard.messages.inference import ChatMessage, Image, TextPart
+from switchyard.token_estimate import FRAMING_TOKENS, estimate_text_tokens
+
+Policy = Literal["switchyard", "least_loaded", "round_robin"]
+POLICIES: tuple[Policy, ...] = ("switchyard", "least_loaded", "round_robin")
+
+Reason = Literal["sticky", "new", "prefix", "dead", "drain", "load", "balance"]
+
+BLOCK_CHARS = 256  # ~64-85 tokens: the granularity at which prefixes are compared
+MAX_BLOCKS = 256  # a prompt's first 64k characters are enough to tell prefixes apart
+IMAGE_TOKENS_UNKNOWN = 256  # an image part whose size the request does not carry
+
+
+@dataclass(frozen=True)
+class Block:
+    digest: bytes  # chained: names this block and everything before it
+    tokens: int  # estimated prompt tokens up to and including this block
+
+
+def prefix_blocks(
+    salt: str, messages: Sequence[ChatMessage] | None, prompt: str | None,
+    images: Sequence[Image] = (),
+) -> list[Block]:  # fmt: skip
+    """The prompt's leading blocks as chained hashes, rooted in `salt` (the tenant's cache
+    group) so two tenants' identical prompts never share a prefix here either."""
+    sizes = {im.hash: visual_tokens(im.width, im.height) for im in images}
+    blocks: list[Block] = []
+    digest = hashlib.blake2b(salt.encode(), digest_size=16).digest()
+    tokens = 0
+
+    def add(piece: bytes, weight: int) -> bool:
+        nonlocal digest, tokens
+        digest = hashlib.blake2b(digest + piece, digest_size=16).digest()
+        tokens += weight
+        blocks.append(Block(digest, tokens))
+        return len(blocks) < MAX_BLOCKS
+
+    def text(value: str) -> bool:
+        for i in range(0, len(value), BLOCK_CHARS):
+            chunk = value[i : i + BLOCK_CHARS]
+            if not add(b"t" + chunk.encode(), estimate_text_tokens(chunk)):
+                return False
+        return True
+
+    if prompt is not None:
+        text(prompt)
+        return blocks
+    for message in messages or ():
+        if not add(b"m" + message.role.encode(), FRAMING_TOKENS):
+            return blocks
+        content = message.content
+        parts = [TextPart(text=content)] if isinstance(content, str) else content
+        for part in parts:
+            if isinstance(part, TextPart):
+                if not text(part.text):
+                    return blocks
+            elif not add(b"i" + part.hash.encode(), sizes.get(part.hash, IMAGE_TOKENS_UNKNOWN)):
+                return blocks
+    return blocks
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """A live worker as the router sees it at this instant."""
+
+    worker: str
+    slots: int
+    load: float  # tokens being served (prompt + max_tokens of its unanswered requests)
+    draining: bool = False
+    credit: int = 1  # requests it may still be sent now
+
+    @property
+    def has_credit(self) -> bool:
+        return self.credit > 0
+
+    @property
+    def per_slot(self) -> float:
+        return self.load / self.slots
+
+
+@dataclass
+class Route:
+    """A session's worker. `written`: when the KV entry was last written (it expires
+    `ttl` after that); `moved`: when the session last changed worker."""
+
+    worker: str
+    written: float
+    moved: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    worker: str
+    reason: Reason
+    session: str | None
+    write: bool  # the session's KV entry must be (re)written: new, moved or due a refresh
+
+
+@dataclass
+class Affinity:
+    policy: Policy = "switchyard"
+    epsilon: float = 0.25
+    hold: float = 2.0
+    cooldown: float = 30.0
+    ttl: float = 600.0
+    prefix_ttl: float = 300.0  # an index entry older than this is assumed evicted
+    prefix_capacity: int = 200_000  # index entries kept (least recently used go first)
+    routes: dict[str, Route] = field(default_factory=dict)  # change with _set/_drop only
+    _on: Counter[str] = field(default_factory=Counter)  # sessions routed to each worker
+    _over_since: dict[str, float] = field(default_factory=dict)
+    _index: OrderedDict[bytes, dict[str, float]] = field(default_factory=OrderedDict)
+    _turn: int = 0
+
+    # -- what the router tells it --------------------------------------------------------
+
+    def observe(self, workers: Sequence[WorkerLoad], now: float) -> None:
+        """Track which workers are overloaded and since when (call once per round)."""
+        mean = _mean(workers)
+        over = {w.worker for w in workers if mean > 0 and w.per_slot > (1 + self.epsilon) * mean}
+        self._over_since = {w: self._over_since.get(w, now) for w in over}
+
+    def learn(self, session: str, worker: str, written: float) -> None:
+        """A session route read from KV (written by this router or another)."""
+        known = self.routes.get(session)
+        if known is not None and known.worker == worker:
+            known.written = max(known.written, written)
+            return
+        self._set(session, Route(worker, written, written))
+
+    def forget(self, session: str) -> None:
+        self._drop(session)
+
+    def _set(self, session: str, route: Route) -> None:
+        self._drop(session)
+        self.routes[session] = route
+        self._on[route.worker] += 1
+
+    def _drop(self, session: str) -> None:
+        route = self.routes.pop(session, None)
+        if route is not None:
+            self._on[route.worker] -= 1
+            if self._on[route.worker] <= 0:
+                del self._on[route.worker]
+
+    def expire(self, now: float) -> int:
+        """Drop routes past their TTL (KV has dropped them too); how many."""
+        stale = [s for s, r in self.routes.items() if now - r.written > self.ttl]
+        for session in stale:
+            self._drop(session)
+        return len(stale)
+
+    # -- the decision ----------------------------------------------------------------------
+
+    def choose(
+        self, workers: Sequence[WorkerLoad], tokens: int, session: str | None,
+        blocks: Sequence[Block], now: float,
+    ) -> Decision | None:  # fmt: skip
+        """The worker for a request of `tokens` (prompt + max_tokens), or None when it must
+        wait (nobody eligible has credit). Pure: `commit` records a dispatched decision."""
+        eligible = [w for w in workers if not w.draining]
+        if not eligible:
+            return None
+        if self.policy == "round_robin":
+            free = [w for w in sorted(eligible, key=lambda w: w.worker) if w.has_credit]
+            if not free:
+                return None
+            return Decision(free[self._turn % len(free)].worker, "new", session, False)
+        free = [w for w in eligible if w.has_credit]
+        if self.policy == "least_loaded":
+            if not free:
+                return None
+            return Decision(min(free, key=_least).worker, "new", session, False)
+        return self._switchyard(workers, free, tokens, session, blocks, now)
+
+    def _switchyard(
+        self, workers: Sequence[WorkerLoad], free: list[WorkerLoad], tokens: int,
+        session: str | None, blocks: Sequence[Block], now: float,
+    ) -> Decision | None:  # fmt: skip
+        eligible = [w for w in workers if not w.draining]
+        route = self.routes.get(session) if session is not None else None
+        if route is not None and now - route.written > self.ttl:
+            route = None
+        reason: Reason = "new" if session is not None else "prefix"
+        if route is not None:
+            home = next((w for w in eligible if w.worker == route.worker), None)
+            if home is not None:
+                if not self._should_move(home, route, eligible, tokens, now):
+                    refresh = now - route.written > self.ttl / 2
+                    return Decision(home.worker, "sticky", session, refresh)
+                reason = "load"
+            else:
+                drains = any(w.worker == route.worker and w.draining for w in workers)
+                reason = "drain" if drains else "dead"
+        key = session if session is not None else (blocks[0].digest.hex() if blocks else "")
+        pick = self._best(free, tokens, blocks, now, key, session is not None,
+                          exclude=route.worker if route else None)  # fmt: skip
+        if pick is None:
+            return None
+        return Decision(pick.worker, reason, session, session is not None)
+
+    def _should_move(
+        self, home: WorkerLoad, route: Route, eligible: list[WorkerLoad], tokens: int, now: float
+    ) -> bool:
+        since = self._over_since.get(home.worker)
+        if since is None or now - since < self.hold or now - route.moved < self.cooldown:
+            return False
+        total_slots = sum(w.slots for w in eligible)
+        mean_after = (sum(w.load for w in eligible) + tokens) / total_slots
+        if home.per_slot <= (1 + self.epsilon) * mean_after:
+            return False
+        return any(
+            w.has_credit and w.worker != home.worker and (w.load + tokens) / w.slots <= mean_after
+            for w in eligible
+        )
+
+    def _best(
+        self, free: list[WorkerLoad], tokens: int, blocks: Sequence[Block], now: float,
+        key: str, new_session: bool, exclude: str | None,
+    ) -> WorkerLoad | None:  # fmt: skip
+        candidates = [w for w in free if w.worker != exclude] or free
+        if not candidates:
+            return None
+        cached = self._cached(blocks, {w.worker for w in candidates}, now)
+        prompt = blocks[-1].tokens if blocks else 0
+        total_slots = sum(w.slots for w in candidates)
+        bound = (1 + self.epsilon) * (sum(w.load for w in candidates) + tokens) / total_slots
+        within = [w for w in candidates if w.per_slot <= bound]
+        if not within:
+            return min(candidates, key=_least)
+
+        def cost(w: WorkerLoad) -> tuple[float, float, int]:
+            # Ties (an idle pool has many) go to the worker with the fewest sessions per
+            # slot, then by a hash of key and worker: never to whoever sorts first, which
+            # would stack every session of a quiet hour on one worker.
+            uncached = tokens - min(prompt, cached.get(w.worker, 0))
+            load = w.load
+            if new_session:
+                # A session stays: it brings a request like this one again and again. Its
+                # worker's load between steps (an idle instant) understates that, so count
+                # each session routed there as at least one such request in flight.
+                load = max(load, self._on[w.worker] * tokens)
+            return ((load + uncached) / w.slots, self._on[w.worker] / w.slots,
+                    _rendezvous(key, w.worker))  # fmt: skip
+
+        return min(within, key=cost)
+
+    def _cached(self, blocks: Sequence[Block], workers: set[str], now: float) -> dict[str, int]:
+        """Per worker, the tokens of the longest prefix of `blocks` it was recently sent."""
+        found: dict[str, int] = {}
+        for block in reversed(blocks):
+            holders = self._index.get(block.digest)
+            if not holders:
+                continue
+            for worker, seen in holders.items():
+                if worker in workers and worker not in found and now - seen <= self.prefix_ttl:
+                    found[worker] = block.tokens
+            if len(found) == len(workers):
+                break
+        return found
+
+    # -- after dispatch ----------------------------------------------------------------------
+
+    def commit(self, decision: Decision, blocks: Sequence[Block], now: float) -> None:
+        """Record a decision the router acted on: the session's route, the prefix index,
+        and for a move off an overloaded worker, the restart of that worker's hold."""
+        self._turn += 1
+        if decision.session is not None and self.policy == "switchyard":
+            before = self.routes.get(decision.session)
+            if before is not None and before.worker != decision.worker:
+                if decision.reason == "load":
+                    self._over_since[before.worker] = now
+                self._set(decision.session, Route(decision.worker, now, now))
+            elif before is None:
+                self._set(decision.session, Route(decision.worker, now, now))
+            elif decision.write:
+                before.written = now
+        for block in blocks:
+            holders = self._index.get(block.digest)
+            if holders is None:
+                holders = self._index[block.digest] = {}
+            else:
+                self._index.move_to_end(block.digest)
+            holders[decision.worker] = now
+        while len(self._index) > self.prefix_capacity:
+            self._index.popitem(last=False)
+
+
+def _mean(workers: Sequence[WorkerLoad]) -> float:
+    slots = sum(w.slots for w in workers)
+    return sum(w.load for w in workers) / slots if slots else 0.0
+
+
+def _least(w: WorkerLoad) -> tuple[float, str]:
+    return (w.per_slot, w.worker)
+
+
+def _rendezvous(key: str, worker: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{key}|{worker}".encode(), digest_size=8).digest())

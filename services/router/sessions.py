@@ -1,0 +1,135 @@
+"""Session routes in KV `fleet_sessions`, mirrored into each pool's `Affinity`.
+
+Every router watches the whole bucket (one ordered consumer, no per-request reads), so a
+session another router placed, or that this router placed before a restart, goes to the
+same worker. A new route is written with `create`, a changed or refreshed one with
+`update` on the revision last seen: when two routers place one new session at the same
+moment, the second `create` fails, the winner's route arrives through the watch and every
+later request follows it (the one request the loser already dispatched ran elsewhere, a
+cache miss, never a lost or doubled request). Entries expire with the bucket's TTL; each
+router drops its mirror's entries by the same clock (`Affinity.expire`), because an
+expiry leaves no marker in the stream on NATS before 2.11.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Literal
+
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from switchyard.bus.topology import SESSIONS_BUCKET
+from switchyard.codec import decode, encode
+from switchyard.errors import DecodeError
+from switchyard.logging import get_logger
+from switchyard.messages.fleet import SessionRoute, session_key
+from switchyard.scheduling.affinity import Affinity, Decision
+
+log = get_logger(__name__)
+
+# The reasons a route records; the rest of `Decision.reason` is a first placement.
+MOVE_REASONS: dict[str, Literal["dead", "drain", "load"]] = {
+    "dead": "dead", "drain": "drain", "load": "load",
+}  # fmt: skip
+WATCH_POLL = 1.0  # s: how often the watch loop looks at `stop` while nothing changes
+
+
+def route_id(tenant: str, session: str) -> str:
+    """How `Affinity` names a session: per tenant, as the KV key does (after the pool)."""
+    return f"{tenant}.{session}"
+
+
+class SessionsNotOpen(RuntimeError):
+    """A read or write before `SessionTable.open()`: the router's wiring is wrong."""
+
+
+class SessionTable:
+    def __init__(self, js: JetStreamContext, affinity: dict[str, Affinity], router: str) -> None:
+        self.js = js
+        self.affinity = affinity
+        self.router = router
+        self._kv: KeyValue | None = None
+        self._watcher: KeyValue.KeyWatcher | None = None
+        self._revisions: dict[str, int] = {}
+
+    async def open(self) -> None:
+        """Start the watch and read every live route before returning."""
+        self._kv = await self.js.key_value(SESSIONS_BUCKET)
+        self._watcher = await self._kv.watchall()
+        while (entry := await self._watcher.updates(30.0)) is not None:  # type: ignore[no-untyped-call]
+            self._apply(entry)
+
+    async def follow(self, stop: asyncio.Event) -> None:
+        """Apply other routers' writes (and our own, echoed) until `stop`."""
+        watcher = self._opened_watcher()
+        try:
+            while not stop.is_set():
+                try:
+                    entry = await watcher.updates(WATCH_POLL)  # type: ignore[no-untyped-call]
+                except nats.errors.TimeoutError:
+                    continue
+                if entry is not None:
+                    self._apply(entry)
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    def _apply(self, entry: KeyValue.Entry) -> None:
+        pool = entry.key.split(".", 1)[0]
+        affinity = self.affinity.get(pool)
+        if affinity is None:
+            return  # a pool this router does not serve
+        if entry.operation in ("DEL", "PURGE") or not entry.value:
+            self._revisions.pop(entry.key, None)
+            affinity.forget(entry.key.split(".", 1)[1] if "." in entry.key else "")
+            return
+        try:
+            route = decode(entry.value, SessionRoute)
+        except DecodeError as exc:
+            log.warning("router.bad_session_route", key=entry.key, reason=exc.reason)
+            return
+        if entry.revision is not None:
+            self._revisions[entry.key] = entry.revision
+        affinity.learn(route_id(route.tenant, route.session), route.worker, route.at)
+
+    async def record(
+        self, pool: str, tenant: str, session: str, decision: Decision, now: float
+    ) -> None:
+        """Write the route `decision` made (or refreshed) for `session`. Never raises: the
+        request is already dispatched, and a route that could not be written is decided
+        again (the same way, from this router's mirror) by the session's next request."""
+        kv = self._opened_kv()
+        key = session_key(pool, tenant, session)
+        value = encode(
+            SessionRoute(pool=pool, tenant=tenant, session=session, worker=decision.worker, at=now,
+                         reason=MOVE_REASONS.get(decision.reason, "new"))
+        )  # fmt: skip
+        try:
+            last = self._revisions.get(key)
+            if last is None:
+                self._revisions[key] = await kv.create(key, value)
+            else:
+                self._revisions[key] = await kv.update(key, value, last=last)
+        except (KeyWrongLastSequenceError, nats.js.errors.BadRequestError) as exc:
+            # Another router wrote the key first (`create` on an existing key is a bad
+            # request; `update` on a stale revision a wrong last sequence): adopt its route.
+            log.info("router.session_conflict", key=key, error=str(exc))
+            with contextlib.suppress(KeyNotFoundError, nats.errors.Error):
+                self._apply(await kv.get(key))
+        except nats.errors.Error as exc:
+            log.warning("router.session_write_failed", key=key, error=str(exc))
+
+    def _opened_kv(self) -> KeyValue:
+        if self._kv is None:
+            raise SessionsNotOpen("SessionTable.open() must be awaited first")
+        return self._kv
+
+    def _opened_watcher(self) -> KeyValue.KeyWatcher:
+        if self._watcher is None:
+            raise SessionsNotOpen("SessionTable.open() must be awaited first")
+        return self._watcher

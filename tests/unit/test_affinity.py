@@ -1,0 +1,238 @@
+"""Affinity: a worker per request, sticky per session, prefix-aware, bounded by load."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+
+from switchyard.messages.inference import ChatMessage, Image, ImagePart, TextPart
+from switchyard.scheduling.affinity import Affinity, Decision, WorkerLoad, prefix_blocks
+
+TOKENS = 1000  # prompt + max_tokens of the requests below
+
+
+def pool(*loads: float, slots: int = 1) -> list[WorkerLoad]:
+    return [WorkerLoad(f"w{i}", slots, load) for i, load in enumerate(loads)]
+
+
+def chat(salt: str, *texts: str) -> list[ChatMessage]:
+    roles = ["system", "user", "assistant"]
+    return [
+        ChatMessage(role=roles[0] if i == 0 else roles[1 + (i - 1) % 2], content=t)  # type: ignore[arg-type]
+        for i, t in enumerate(texts)
+    ]
+
+
+def place(a: Affinity, workers: list[WorkerLoad], session: str | None, now: float,
+          *texts: str) -> Decision:  # fmt: skip
+    blocks = prefix_blocks("t", chat("t", *texts) if texts else None, None if texts else "x")
+    decision = a.choose(workers, TOKENS, session, blocks, now)
+    assert decision is not None
+    a.commit(decision, blocks, now)
+    return decision
+
+
+# --- prefix blocks -------------------------------------------------------------------------
+
+
+def test_blocks_are_chained_and_a_longer_prompt_extends_a_shorter_one() -> None:
+    short = prefix_blocks("acme", chat("acme", "s" * 600, "question one"), None)
+    longer = prefix_blocks("acme", chat("acme", "s" * 600, "question one", "answer", "q2"), None)
+    assert [b.digest for b in longer[: len(short)]] == [b.digest for b in short]
+    assert longer[len(short)].digest not in {b.digest for b in short}
+    assert [b.tokens for b in longer] == sorted(b.tokens for b in longer)  # cumulative
+    assert short[-1].tokens > 200  # 600 characters of system prompt at 3 per token
+
+
+def test_a_tenant_salt_roots_every_block() -> None:
+    one = prefix_blocks("acme", chat("acme", "same system prompt"), None)
+    two = prefix_blocks("globex", chat("globex", "same system prompt"), None)
+    assert not {b.digest for b in one} & {b.digest for b in two}
+
+
+def test_images_are_blocks_weighted_by_their_size() -> None:
+    frame = Image(hash="f" * 32, data=b"", mime="image/png", width=1280, height=720)
+    message = ChatMessage(role="user", content=[TextPart(text="look"), ImagePart(hash=frame.hash)])
+    blocks = prefix_blocks("t", [message], None, [frame])
+    assert blocks[-1].tokens - blocks[-2].tokens > 500  # a 720p frame is ~1k visual tokens
+
+
+# --- sessions ------------------------------------------------------------------------------
+
+
+def test_a_new_session_goes_to_the_least_loaded_and_stays() -> None:
+    a = Affinity()
+    first = place(a, pool(5000, 1000, 3000), "s1", 0.0)
+    assert (first.worker, first.reason, first.write) == ("w1", "new", True)
+    # w1 is now the busiest, but not overloaded for `hold` seconds: the session stays.
+    later = place(a, pool(5000, 9000, 3000), "s1", 0.5)
+    assert (later.worker, later.reason, later.write) == ("w1", "sticky", False)
+
+
+def test_a_session_whose_worker_died_or_drains_moves() -> None:
+    a = Affinity()
+    assert place(a, pool(0, 100), "s1", 0.0).worker == "w0"
+    gone = place(a, [WorkerLoad("w1", 1, 100)], "s1", 1.0)
+    assert (gone.worker, gone.reason, gone.write) == ("w1", "dead", True)
+    draining = [WorkerLoad("w1", 1, 0, draining=True), WorkerLoad("w2", 1, 50)]
+    moved = place(a, draining, "s1", 2.0)
+    assert (moved.worker, moved.reason) == ("w2", "drain")
+
+
+def test_a_moment_of_overload_moves_nothing() -> None:
+    a = Affinity(hold=2.0, cooldown=0.0)
+    assert place(a, pool(0, 0, 0), "s1", 0.0).worker == "w0"
+    hot = pool(20_000, 1000, 1000)
+    a.observe(hot, 10.0)
+    assert place(a, hot, "s1", 11.9).reason == "sticky"  # over the bound, but for < hold
+    cooled = pool(1000, 1000, 1000)
+    a.observe(cooled, 12.0)  # the overload ended: its clock resets
+    a.observe(hot, 13.0)
+    assert place(a, hot, "s1", 14.5).reason == "sticky"
+
+
+def test_sustained_overload_moves_one_session_per_hold() -> None:
+    a = Affinity(hold=2.0, cooldown=0.0)
+    for s in range(4):
+        assert place(a, pool(0, 10**6, 10**6), f"s{s}", 0.0).worker == "w0"
+    hot = pool(20_000, 1000, 1000)
+    a.observe(hot, 10.0)
+    moved = place(a, hot, "s0", 12.5)
+    assert (moved.reason, moved.write) == ("load", True) and moved.worker in ("w1", "w2")
+    # The move restarted w0's hold: its other sessions stay for another `hold`.
+    assert place(a, hot, "s1", 12.6).reason == "sticky"
+    assert place(a, hot, "s2", 14.6).reason == "load"
+
+
+def test_a_moved_session_does_not_move_again_within_the_cooldown() -> None:
+    a = Affinity(hold=0.0, cooldown=30.0)
+    place(a, pool(0, 10**6), "s1", 0.0)
+    a.observe(pool(20_000, 0), 1.0)
+    assert place(a, pool(20_000, 0), "s1", 40.0).worker == "w1"  # moved (w0 -> w1)
+    a.observe(pool(0, 20_000), 41.0)
+    assert place(a, pool(0, 20_000), "s1", 50.0).reason == "sticky"  # w1 hot, but cooling
+    assert place(a, pool(0, 20_000), "s1", 71.0).reason == "load"
+
+
+def test_an_overloaded_worker_keeps_its_sessions_when_nowhere_is_below_the_mean() -> None:
+    a = Affinity(hold=0.0, cooldown=0.0)
+    place(a, pool(0, 10**6), "s1", 0.0)
+    busy = [WorkerLoad("w0", 1, 30_000), WorkerLoad("w1", 1, 10_000, credit=0)]
+    a.observe(busy, 1.0)
+    assert place(a, busy, "s1", 2.0).reason == "sticky"  # w1 has no credit to take it
+
+
+def test_routes_expire_after_the_ttl_and_are_refreshed_half_way() -> None:
+    a = Affinity(ttl=100.0)
+    place(a, pool(0, 10), "s1", 0.0)
+    assert place(a, pool(10, 0), "s1", 49.0).write is False
+    refreshed = place(a, pool(10, 0), "s1", 51.0)
+    assert (refreshed.worker, refreshed.write) == ("w0", True)
+    assert a.expire(140.0) == 0  # written at 51
+    assert a.expire(152.0) == 1 and "s1" not in a.routes
+
+
+def test_learned_routes_are_followed() -> None:
+    a = Affinity()
+    a.learn("s9", "w2", written=5.0)  # another router placed it
+    assert place(a, pool(0, 0, 10_000), "s9", 6.0).worker == "w2"
+
+
+def test_a_new_session_waits_when_no_worker_has_credit() -> None:
+    a = Affinity()
+    full = [WorkerLoad("w0", 1, 0, credit=0), WorkerLoad("w1", 1, 0, credit=0)]
+    assert a.choose(full, TOKENS, "s1", [], 0.0) is None
+
+
+def test_many_sessions_spread_within_the_bound() -> None:
+    a = Affinity()
+    loads = dict.fromkeys(("w0", "w1", "w2", "w3", "w4", "w5", "w6", "w7"), 0.0)
+    for s in range(200):
+        workers = [WorkerLoad(w, 1, load) for w, load in loads.items()]
+        decision = place(a, workers, f"s{s}", 0.0)
+        loads[decision.worker] += TOKENS
+    per_worker = Counter(r.worker for r in a.routes.values())
+    assert max(per_worker.values()) <= 1.1 * 200 / 8
+
+
+# --- without a session ---------------------------------------------------------------------
+
+
+SYSTEM = "You answer questions about the game's economy. " * 20
+
+
+def test_a_conversation_follows_its_prefix_while_its_worker_has_room() -> None:
+    a = Affinity()
+    first = place(a, pool(0, 500, 500), None, 0.0, SYSTEM, "turn one")
+    assert (first.worker, first.reason, first.write) == ("w0", "prefix", False)
+    # w0 is now a little busier than the rest, but it holds the conversation's prefix.
+    second = place(a, pool(800, 500, 500), None, 1.0, SYSTEM, "turn one", "answer", "turn 2")
+    assert second.worker == "w0"
+
+
+def test_a_hot_prefix_spreads_over_the_pool() -> None:
+    a = Affinity()
+    loads = dict.fromkeys(("w0", "w1", "w2", "w3"), 0.0)
+    rng = random.Random(7)
+    seen: Counter[str] = Counter()
+    for i in range(400):
+        workers = [WorkerLoad(w, 1, load) for w, load in loads.items()]
+        decision = place(a, workers, None, i * 0.01, SYSTEM, f"one-shot question {i}")
+        seen[decision.worker] += 1
+        loads[decision.worker] += TOKENS
+        for w in loads:  # requests finish at random
+            if rng.random() < 0.2:
+                loads[w] = max(0.0, loads[w] - TOKENS)
+    assert len(seen) == 4 and min(seen.values()) > 400 / 4 / 2
+
+
+def test_an_identical_prompt_meets_its_cache_when_loads_are_even() -> None:
+    a = Affinity()
+    first = place(a, pool(100, 0, 50), None, 0.0, SYSTEM, "the same question")
+    again = place(a, pool(100, 100, 100), None, 1.0, SYSTEM, "the same question")
+    assert first.worker == again.worker == "w1"
+
+
+# --- the baselines -------------------------------------------------------------------------
+
+
+def test_round_robin_takes_turns_and_least_loaded_takes_the_least() -> None:
+    rr = Affinity("round_robin")
+    turns = [place(rr, pool(0, 0, 0), "s1", float(i)).worker for i in range(6)]
+    assert turns == ["w0", "w1", "w2", "w0", "w1", "w2"]
+    ll = Affinity("least_loaded")
+    assert place(ll, pool(300, 100, 200), "s1", 0.0).worker == "w1"
+    assert place(ll, pool(300, 400, 200), "s1", 1.0).worker == "w2"  # no stickiness
+    assert not ll.routes and not rr.routes
+
+
+def test_sessions_arriving_one_at_a_time_into_an_idle_pool_spread_evenly() -> None:
+    # Each new session's first step finds every worker idle (the previous ones finished):
+    # ties go to the worker with the fewest sessions, not to whoever sorts first.
+    a = Affinity()
+    for s in range(40):
+        place(a, pool(0, 0, 0, 0), f"s{s}", float(s))
+    assert sorted(Counter(r.worker for r in a.routes.values()).values()) == [10, 10, 10, 10]
+
+
+def test_load_moves_never_bounce_a_session_back_and_forth() -> None:
+    """Random loads for 10 minutes: every move is off a worker overloaded for `hold`, and
+    a session moves at most once per `cooldown`."""
+    a = Affinity(hold=2.0, cooldown=30.0)
+    rng = random.Random(3)
+    moves: dict[str, list[float]] = {}
+    for s in range(16):
+        place(a, pool(0, 0, 0, 0), f"s{s}", 0.0)
+    now = 0.0
+    while now < 600.0:
+        now += 0.25
+        workers = pool(*(rng.choice([500.0, 1000.0, 4000.0, 20_000.0]) for _ in range(4)))
+        a.observe(workers, now)
+        for s in range(16):
+            d = place(a, workers, f"s{s}", now)
+            if d.reason == "load":
+                moves.setdefault(f"s{s}", []).append(now)
+    assert moves  # the random overloads did move some sessions
+    for times in moves.values():
+        assert all(b - a_ >= 30.0 for a_, b in itertools.pairwise(times))
