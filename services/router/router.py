@@ -59,7 +59,7 @@ class Outstanding:
     worker: str
     tenant: str
     max_tokens: int
-    tokens: int  # prompt + max_tokens: what it adds to its worker's load
+    tokens: float  # what it adds to its worker's load (`Router._work`)
     at: float
 
 
@@ -92,8 +92,9 @@ class Router:
         }
         self.affinity = {
             pool: Affinity(
-                settings.routing_policy, settings.epsilon, hold=settings.move_hold,
+                settings.routing_policy, settings.load_epsilon, hold=settings.move_hold,
                 cooldown=settings.move_cooldown, ttl=settings.session_ttl,
+                prefix_weight=settings.prefix_weight,
             )
             for pool in settings.pools
         }  # fmt: skip
@@ -232,6 +233,11 @@ class Router:
             return req.session
         return blocks[0].digest.hex() if blocks else req.id
 
+    @staticmethod
+    def _work(req: GenerateRequest) -> float:
+        """The tokens a request adds to its worker's load: prompt + max_tokens."""
+        return req.prompt_tokens + req.sampling.max_tokens
+
     def _loads(self, pool: str) -> dict[str, WorkerLoad]:
         """Every live worker of `pool` that owns a partition (so a request can reach it):
         its load in tokens and whether it has credit for one more request."""
@@ -273,9 +279,8 @@ class Router:
             workers = loads[req.pool]
             session = route_id(req.tenant, req.session) if req.session else None
             decision = self.affinity[req.pool].choose(
-                list(workers.values()), req.prompt_tokens + req.sampling.max_tokens,
-                session, item.payload.blocks, now,
-            )  # fmt: skip
+                list(workers.values()), self._work(req), session, item.payload.blocks, now
+            )
             if decision is None or not workers[decision.worker].has_credit:
                 return False
             decided[item.request_id] = decision
@@ -294,9 +299,8 @@ class Router:
             req = item.payload.req
             was = loads[req.pool][decision.worker]  # this dispatch adds load and takes credit
             loads[req.pool][decision.worker] = dataclasses.replace(
-                was, load=was.load + req.prompt_tokens + req.sampling.max_tokens,
-                credit=was.credit - 1,
-            )  # fmt: skip
+                was, load=was.load + self._work(req), credit=was.credit - 1
+            )
 
     async def _dispatch(self, item: Item[Queued], decision: Decision) -> bool:
         req, msg = item.payload.req, item.payload.msg
@@ -321,7 +325,7 @@ class Router:
                 # not yet registered was dropped and its credit and concurrency held forever.
                 self.outstanding[req.id] = Outstanding(
                     req.pool, worker, req.tenant, req.sampling.max_tokens,
-                    req.prompt_tokens + req.sampling.max_tokens, now,
+                    self._work(req), now,
                 )  # fmt: skip
                 await publish(self.bus.js, subjects.work(req.pool, part), sent, msg_id=req.id)
                 await msg.ack()
@@ -335,7 +339,7 @@ class Router:
             if req.session:
                 self.warm[route_id(req.tenant, req.session)] = now
                 if decision.write:
-                    await self.sessions.record(req.pool, req.tenant, req.session, decision, now)
+                    self.sessions.record(req.pool, req.tenant, req.session, decision, now)
             metrics.QUEUE_WAIT.labels(label).observe(now - item.enqueued_at)
             metrics.TIME_IN_ROUTER.observe(now - item.payload.received)
             metrics.ROUTE.labels(req.pool, decision.reason).inc()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from typing import Literal
 
 import nats.errors
@@ -36,6 +37,7 @@ log = get_logger(__name__)
 MOVE_REASONS: dict[str, Literal["dead", "drain", "load"]] = {
     "dead": "dead", "drain": "drain", "load": "load",
 }  # fmt: skip
+DRAIN_TIMEOUT = 5.0  # s: queued route writes get this long at shutdown
 WATCH_POLL = 1.0  # s: how often the watch loop looks at `stop` while nothing changes
 
 
@@ -48,6 +50,15 @@ class SessionsNotOpen(RuntimeError):
     """A read or write before `SessionTable.open()`: the router's wiring is wrong."""
 
 
+@dataclass(frozen=True)
+class _Write:
+    pool: str
+    tenant: str
+    session: str
+    decision: Decision
+    at: float
+
+
 class SessionTable:
     def __init__(self, js: JetStreamContext, affinity: dict[str, Affinity], router: str) -> None:
         self.js = js
@@ -56,6 +67,9 @@ class SessionTable:
         self._kv: KeyValue | None = None
         self._watcher: KeyValue.KeyWatcher | None = None
         self._revisions: dict[str, int] = {}
+        # Writes wait here, off the dispatch path: this router's own mirror already has
+        # the route (`Affinity.commit`), so only other routers wait for it, by a few ms.
+        self._writes: asyncio.Queue[_Write] = asyncio.Queue()
 
     async def open(self) -> None:
         """Start the watch and read every live route before returning."""
@@ -65,8 +79,11 @@ class SessionTable:
             self._apply(entry)
 
     async def follow(self, stop: asyncio.Event) -> None:
-        """Apply other routers' writes (and our own, echoed) until `stop`."""
+        """Apply other routers' writes (and our own, echoed), and write ours, until `stop`;
+        then write what is still queued (routes are soft state: a write lost to a crash
+        costs the session's next request a fresh placement here, nothing more)."""
         watcher = self._opened_watcher()
+        writer = asyncio.create_task(self._write_loop())
         try:
             while not stop.is_set():
                 try:
@@ -76,10 +93,27 @@ class SessionTable:
                 if entry is not None:
                     self._apply(entry)
         finally:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._writes.join(), DRAIN_TIMEOUT)
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]
 
-    def _apply(self, entry: KeyValue.Entry) -> None:
+    def record(self, pool: str, tenant: str, session: str, decision: Decision, now: float) -> None:
+        """Queue the write of the route `decision` made (or refreshed) for `session`."""
+        self._writes.put_nowait(_Write(pool, tenant, session, decision, now))
+
+    async def _write_loop(self) -> None:
+        while True:
+            write = await self._writes.get()
+            try:
+                await self._write(write)
+            finally:
+                self._writes.task_done()
+
+    def _apply(self, entry: KeyValue.Entry, *, adopt: bool = False) -> None:
         pool = entry.key.split(".", 1)[0]
         affinity = self.affinity.get(pool)
         if affinity is None:
@@ -95,14 +129,12 @@ class SessionTable:
             return
         if entry.revision is not None:
             self._revisions[entry.key] = entry.revision
-        affinity.learn(route_id(route.tenant, route.session), route.worker, route.at)
+        affinity.learn(route_id(route.tenant, route.session), route.worker, route.at, adopt=adopt)
 
-    async def record(
-        self, pool: str, tenant: str, session: str, decision: Decision, now: float
-    ) -> None:
-        """Write the route `decision` made (or refreshed) for `session`. Never raises: the
-        request is already dispatched, and a route that could not be written is decided
-        again (the same way, from this router's mirror) by the session's next request."""
+    async def _write(self, w: _Write) -> None:
+        """Write one route. Never raises: the request is already dispatched, and a route
+        that could not be written is still in this router's mirror."""
+        pool, tenant, session, decision, now = w.pool, w.tenant, w.session, w.decision, w.at
         kv = self._opened_kv()
         key = session_key(pool, tenant, session)
         value = encode(
@@ -120,9 +152,9 @@ class SessionTable:
             # request; `update` on a stale revision a wrong last sequence): adopt its route.
             log.info("router.session_conflict", key=key, error=str(exc))
             with contextlib.suppress(KeyNotFoundError, nats.errors.Error):
-                self._apply(await kv.get(key))
-        except nats.errors.Error as exc:
-            log.warning("router.session_write_failed", key=key, error=str(exc))
+                self._apply(await kv.get(key), adopt=True)
+        except Exception as exc:  # the writer must outlive any one write
+            log.warning("router.session_write_failed", key=key, error=repr(exc))
 
     def _opened_kv(self) -> KeyValue:
         if self._kv is None:

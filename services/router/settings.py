@@ -20,11 +20,16 @@ class RouterSettings(Settings):
     credit_per_slot: int = Field(default=2, ge=1, le=64)
     # A worker whose last heartbeat is older than this is dead; its partitions move.
     dead_after: float = Field(default=6.0, gt=0)
-    # Partitions per worker within (1 + epsilon) x its slot share, and a session's worker
-    # overloaded above (1 + epsilon) x the pool's mean load per slot (in tokens).
-    epsilon: float = Field(default=0.25, gt=0, description="bounded-load slack")
+    # Partitions per worker within (1 + epsilon) x its slot share.
+    epsilon: float = Field(default=0.25, gt=0, description="bounded-load slack, partitions")
+    # A worker is overloaded above (1 + load_epsilon) x the pool's mean load per slot (in
+    # tokens): new work avoids it and, once that lasts `move_hold`, one session moves off.
+    load_epsilon: float = Field(default=0.15, gt=0, description="bounded-load slack, load")
     routing_policy: Literal["switchyard", "least_loaded", "round_robin"] = Field(
         default="switchyard", description="how a request's worker is chosen (scheduling/affinity)"
+    )
+    prefix_weight: float = Field(
+        default=4.0, ge=0, description="load tokens an uncached prompt token costs (affinity)"
     )
     move_hold: float = Field(
         default=2.0, ge=0, description="seconds a worker stays overloaded before a session moves"

@@ -13,7 +13,9 @@ import openai
 import pytest
 
 from switchyard.bench.peers import peers, simfleet
+from switchyard.bench.peers.routing import RoutingConfig, run_routing
 from switchyard.bench.peers.stats import parse_metrics
+from switchyard.bench.routeload import ChatConfig
 from switchyard.fleet import FleetError, ProcessGroup
 from switchyard.ports import free_port
 
@@ -98,3 +100,19 @@ def test_a_peer_that_cannot_start_fails_with_its_log(tmp_path: Path) -> None:
         with pytest.raises(FleetError, match="broken-peer exited with status 2") as e:
             g.wait_http(child, f"http://127.0.0.1:{free_port()}/health", timeout=10)
         assert "bad flag" in str(e.value)
+
+
+@pytest.mark.skipif(not _installed(peers.VLLM_ROUTER), reason="vllm-router is not installed "
+                    "(pip install -e '.[bench]')")  # fmt: skip
+def test_the_routing_run_sends_the_chat_workload_through_a_peer(tmp_path: Path) -> None:
+    chat = ChatConfig(tenants=2, conversations=3, turns=2, one_shots=2, concurrency=2, seed=1)
+    cfg = RoutingConfig(
+        backends=2, delay_scale=0.0, policies=("vllm-router round_robin",), workload="chat",
+        chat=chat,
+    )  # fmt: skip
+    row = run_routing(cfg, tmp_path).rows["vllm-router round_robin"]
+    assert (row.requests, row.failed) == (chat.requests, 0)
+    # Round robin over two backends: every other request, whoever sent it.
+    assert row.requests_per_backend == [chat.requests // 2] * 2
+    assert set(row.tenant_backends) == {"t0", "t1"}
+    assert row.busiest_tenant == "t0" and row.busiest_tenant_backends == 2

@@ -236,3 +236,12 @@ def test_load_moves_never_bounce_a_session_back_and_forth() -> None:
     assert moves  # the random overloads did move some sessions
     for times in moves.values():
         assert all(b - a_ >= 30.0 for a_, b in itertools.pairwise(times))
+
+
+def test_a_late_echo_of_an_older_route_does_not_undo_a_newer_decision() -> None:
+    a = Affinity()
+    place(a, pool(0, 10), "s1", 10.0)  # this router: s1 -> w0 at t = 10
+    a.learn("s1", "w1", written=5.0)  # an older entry arriving late
+    assert a.routes["s1"].worker == "w0"
+    a.learn("s1", "w1", written=5.0, adopt=True)  # it won the create race: it replaces ours
+    assert a.routes["s1"].worker == "w1"

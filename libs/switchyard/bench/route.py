@@ -1,129 +1,144 @@
-"""`sy bench route`: placement policies compared on one simulated agent workload.
+"""`sy bench route`: the router's placement policies, measured on the router that ships.
 
-In process and without NATS: the question is only *which worker* each request
-goes to, and a 2-core box cannot run 8 worker processes and a router at this
-load. Each policy drives its own fresh set of `SimEngine`s (same settings, same
-seed) with the same closed-loop agent episodes. Every latency is the engines'
-modelled time (`SimTimings`, virtual seconds of the A100 calibration), so the
-numbers do not depend on wall-clock noise or on `delay_scale`, which only sets
-how fast the run goes.
+What runs: for each policy a fresh fleet (`switchyard.fleet.launch(spec, mode="inproc")`,
+the same service code `sy up` runs, as tasks on this process's loop): the real router
+with `SY_ROUTING_POLICY=<policy>` and `workers` real workers, each with its own `sim`
+engine (identical settings and seed), on a NATS of its own (an embedded server per
+policy, or `--nats URL` with a private pool per policy). Requests are published straight
+onto `req.<workload>.<tenant>`, as the preprocessor would, under an unmetered tenant
+policy, so admission never refuses and placement alone differs between policies. The
+workloads (`switchyard.bench.routeload`): `agent` (closed-loop episodes, each step
+carrying its `session`) and `chat` (tenants with their own system prompts, skewed
+traffic, conversations and one-shot requests, no session). The policies:
+`round_robin`, `least_loaded` and `switchyard` (the shipped default).
 
-The workload: `sessions` episodes of `steps` steps, all running at once; an
-episode sends step k+1 as soon as step k's action is complete. Step k's prompt is
+How it is measured. Everything is read from the results the workers publish:
 
-    system prompt (shared) | action history | frame k-1 | frame k | query
+- `prefix_hit_rate`: cached / prompt tokens of every request (`usage`), as the sim's
+  prefix cache (chained 16-token block hashes, cache salt, LRU) reported them;
+- latencies are the sim's *modelled* time (`timings.modelled`: virtual seconds of its
+  A100 calibration), not wall clock: `step`/`request` = modelled total (queue for a
+  batch slot and KV + prefill + decode); TTFT = the sim's modelled arrival -> first
+  token;
+- `load_imbalance`: max / mean over workers of modelled busy time (total - queue, what
+  a GPU would spend on the requests), `worker_requests` the count per worker;
+- `stickiness`: the mean, over episodes (agent) or conversations (chat), of the share
+  of its requests that ran on its most-used worker; for chat also how many workers each
+  tenant's requests reached, and the busiest tenant's;
+- `duplicates`: results seen on `res.>` beyond one per request (a re-execution);
+- `wall_s` only says how long the run took here (not a result).
 
-with 1280x720 frames whose content hash is fixed per (seed, session, step), so
-step k's current frame is step k+1's previous frame, and an Action-schema
-constrained answer that is appended to the history.
-
-What a warm worker can serve from its prefix cache is the system prompt and the
-history up to the previous step: caching is positional (chained block hashes,
-as in vLLM), and frame k follows a history one action longer in step k+1 than
-in step k, so the previous frame is computed again whatever the policy.
-
-Reading the numbers: the sim prefills admitted requests side by side, so a
-worker with more sessions is not slower until it runs out of batch slots or KV
-cache; latency and throughput show the cache, `load_imbalance` shows the load
-that a real GPU would turn into queueing.
-
-The policies: `round_robin` (the next worker for every request), `least_loaded`
-(fewest outstanding requests) and `affinity` (session -> partition -> worker by
-`Placement`, the router's bounded-load consistent hashing).
-
-Throughput is steps per modelled second of the longest episode: episodes start
-together and send their next step without think time, so an episode lasts the
-sum of its steps' modelled latencies and the run lasts as long as the longest.
+The wall clock follows the modelled one times `delay_scale`; on a loaded CPU the sims
+drift rather than burst (`SimEngine._sleep_until`), so the modelled latencies do not
+include this machine's contention, but a CPU that cannot keep up spreads the arrivals
+in modelled time (fewer requests in flight than the workload would have on GPUs). At the
+default `delay_scale` 1.0 the 2-core box is that bottleneck (fleet, client and sims
+share one event loop: ~170 agent steps/s), so a smaller scale would not make the run
+faster, only thin the modelled load further; the default agent run (200 x 20 on 8
+workers) takes 23-36 s per policy, under 2 minutes for all three. At 3.0 it took twice
+as long and moved the modelled latencies by under 3 %. Requests are sent with
+`stream=False` (the end frame only), so the CPU goes to routing and serving rather
+than to per-token frames; placement does not depend on it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import statistics
+import tempfile
 import time
+import uuid
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from pydantic import RootModel
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
+from switchyard import subjects
+from switchyard.bench.peers.clients import Outcome, nats_generate
+from switchyard.bench.peers.stats import imbalance
+from switchyard.bench.routeload import (
+    FRAME,
+    MAX_TOKENS,
+    SYSTEM_PROMPT,
+    BenchRequest,
+    ChatConfig,
+    Run,
+    WorkloadName,
+    run_agent,
+    run_chat,
+)
 from switchyard.bench.stats import percentile
-from switchyard.engines.base import EngineError, EngineRequest
-from switchyard.engines.sim import SimEngine, SimSettings, SimTimings, pseudo_tokens
-from switchyard.messages.agent import Action
-from switchyard.messages.inference import (
-    ChatMessage,
-    Image,
-    ImagePart,
-    JsonSchemaConstraint,
-    Sampling,
-    TextPart,
-)
-from switchyard.partition import partition
-from switchyard.scheduling.placement import Placement, WorkerView
+from switchyard.bus.connection import Bus, connect
+from switchyard.bus.topology import ASSIGNMENTS_BUCKET
+from switchyard.codec import decode
+from switchyard.engines.sim import pseudo_tokens
+from switchyard.errors import DecodeError
+from switchyard.fleet import UNMETERED, FleetSpec, Pool, env_of, launch
+from switchyard.messages.inference import GenerateResult
 
-Policy = Literal["round_robin", "least_loaded", "affinity"]
-POLICIES: tuple[Policy, ...] = ("round_robin", "least_loaded", "affinity")
+__all__ = [  # the agent workload's constants, imported from here by older callers
+    "FRAME",
+    "MAX_TOKENS",
+    "POLICIES",
+    "SYSTEM_PROMPT",
+    "PolicyResult",
+    "RouteBench",
+    "RouteConfig",
+    "run_route_bench",
+]
 
-PARTITIONS = 64
-EPSILON = 0.25
-FRAME = (1280, 720)  # a phone screen in landscape: 1,176 visual tokens in the sim
-MAX_TOKENS = 48  # the agent default (StepOptions); Action answers are ~20 tokens
+Policy = Literal["round_robin", "least_loaded", "switchyard"]
+POLICIES: tuple[Policy, ...] = ("round_robin", "least_loaded", "switchyard")
 
-SYSTEM_PROMPT = (
-    "You are an agent that plays a mobile game on a cloud phone. Every step you "
-    "receive the previous screenshot, the current screenshot and the actions you "
-    "have taken so far in this episode. Compare the two screenshots to see what "
-    "your last action changed, then answer with exactly one next action as a JSON "
-    "object and nothing else. Actions: click at x, y in screen pixels; long_press "
-    "at x, y for ms milliseconds; swipe from x1, y1 to x2, y2 over ms milliseconds; "
-    "type a short text into the focused field; back to press the system back "
-    "button; wait for ms milliseconds when the screen is loading or animating; "
-    "done when the goal of the episode is reached. Rules: never tap ads or "
-    "purchase buttons; close pop-ups with their close button or back; if the same "
-    "action failed twice, try a different one; prefer waiting over tapping while a "
-    "spinner is visible; keep coordinates inside the screen; answer quickly. The "
-    "screen is 1280 pixels wide and 720 pixels high, with the origin at the top "
-    "left corner. Dialogs usually have their confirm button at the bottom right "
-    "and their close button at the top right. When a tutorial hand points at a "
-    "button, click that button. When the goal needs text, click the field first, "
-    "then type. Do not explain your answer."
-)
-
-
-class _ActionAnswer(RootModel[Action]):
-    """One action: the JSON schema an agent step constrains its answer to."""
-
-
-_ACTION_SCHEMA = _ActionAnswer.model_json_schema()
+POOL = "route"
+REQUEST_TIMEOUT = 300.0  # s without a frame before a request counts as failed
 
 
 @dataclass(frozen=True)
 class RouteConfig:
-    sessions: int = 200
-    steps: int = 20
+    workload: WorkloadName = "agent"
     workers: int = 8
-    delay_scale: float = 0.1
+    delay_scale: float = 1.0
     seed: int = 0
+    sessions: int = 200  # agent: episodes, all at once
+    steps: int = 20  # agent: steps per episode
+    chat: ChatConfig = field(default_factory=ChatConfig)
+    partitions: int = 64
+    policies: tuple[Policy, ...] = POLICIES
+    nats_url: str | None = None  # None: an embedded server per policy
+
+    @property
+    def requests(self) -> int:
+        return self.sessions * self.steps if self.workload == "agent" else self.chat.requests
 
 
 @dataclass(frozen=True)
 class PolicyResult:
-    steps: int  # completed
+    requests: int  # completed
     failed: int
-    prefix_hit_rate: float  # cached / prompt tokens, all steps
-    prefix_hit_rate_after_first: float  # steps 2.. of each episode
+    first_error: str | None
+    duplicates: int  # results beyond one per request seen on res.>
+    prefix_hit_rate: float  # cached / prompt tokens, all requests
+    prefix_hit_rate_after_first: float  # requests after the first of their thread
     ttft_p50_ms: float
     ttft_p99_ms: float
-    step_p50_ms: float  # arrival -> last token
-    step_p99_ms: float
-    load_imbalance: float  # max / mean of per-worker busy time
-    throughput_steps_per_s: float  # per modelled second (see the module docstring)
-    makespan_s: float  # the longest episode, modelled
-    stickiness: float  # mean share of an episode's steps on its most-used worker
-    worker_busy_s: list[float]  # modelled service time (prefill + decode) per worker
-    wall_s: float  # how long the run took on this machine (not a result)
+    request_p50_ms: float  # arrival at the engine -> last token (a step, for the agent)
+    request_p99_ms: float
+    load_imbalance: float  # max / mean of per-worker modelled busy time
+    stickiness: float  # mean share of a thread's requests on its most-used worker
+    worker_requests: list[int]
+    worker_busy_s: list[float]  # modelled prefill + decode per worker
+    tenant_workers: dict[str, int]  # chat: workers each tenant's requests reached
+    tenant_requests: dict[str, int]
+    busiest_tenant: str | None
+    busiest_tenant_share: float  # of all completed requests
+    busiest_tenant_workers: int
+    wall_s: float  # how long this policy's run took on this machine (not a result)
 
 
 @dataclass(frozen=True)
@@ -133,173 +148,158 @@ class RouteBench:
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {name: asdict(r) for name, r in self.results.items()}
-        out["config"] = {
-            **asdict(self.config),
-            "policies": list(self.results),
-            "partitions": PARTITIONS,
-            "epsilon": EPSILON,
-            "frame": f"{FRAME[0]}x{FRAME[1]}",
-            "max_tokens": MAX_TOKENS,
-            "system_prompt_tokens": len(pseudo_tokens(SYSTEM_PROMPT)),
+        c = self.config
+        config: dict[str, object] = {
+            "workload": c.workload, "workers": c.workers, "delay_scale": c.delay_scale,
+            "seed": c.seed, "partitions": c.partitions, "policies": list(self.results),
+            "requests": c.requests,
             "latency": "modelled by the sim engine (virtual seconds), not wall clock",
-        }
+            "ttft": "modelled arrival -> first token",
+        }  # fmt: skip
+        if c.workload == "agent":
+            config |= {
+                "sessions": c.sessions, "steps": c.steps, "frame": f"{FRAME[0]}x{FRAME[1]}",
+                "max_tokens": MAX_TOKENS,
+                "system_prompt_tokens": len(pseudo_tokens(SYSTEM_PROMPT)),
+            }  # fmt: skip
+        else:
+            config |= {"chat": asdict(c.chat),
+                       "tenant_shares": [round(s, 4) for s in c.chat.shares()]}  # fmt: skip
+        out["config"] = config
         return out
 
 
-class _Router:
-    """Picks a worker per request and counts each worker's outstanding requests."""
-
-    def __init__(self, policy: Policy, workers: int, slots: int) -> None:
-        self.policy = policy
-        self.outstanding = [0] * workers
-        self._next = 0
-        self._owner: dict[int, int] = {}
-        if policy == "affinity":
-            names = [f"w{i}" for i in range(workers)]
-            placement = Placement(PARTITIONS, epsilon=EPSILON)
-            placement.reconcile([WorkerView(name, slots) for name in names])
-            self._owner = {p: names.index(w) for p, w in placement.assignment.items()}
-
-    def pick(self, session: str) -> int:
-        n = len(self.outstanding)
-        if self.policy == "round_robin":
-            worker = self._next % n
-            self._next += 1
-        elif self.policy == "least_loaded":
-            worker = min(range(n), key=self.outstanding.__getitem__)  # ties: lowest index
-        else:
-            worker = self._owner[partition(session, PARTITIONS)]
-        self.outstanding[worker] += 1
-        return worker
-
-    def done(self, worker: int) -> None:
-        self.outstanding[worker] -= 1
-
-
-@dataclass(frozen=True)
-class _Step:
-    session: int
-    step: int
-    worker: int
-    timings: SimTimings | None  # None: the step failed
-
-
-def _frame(seed: int, session: int, step: int) -> Image:
-    # The hash names the frame, so the same (session, step) is the same image in
-    # both prompts that carry it. The sim counts visual tokens from the size only.
-    digest = hashlib.blake2b(f"{seed}:{session}:{step}".encode(), digest_size=16).hexdigest()
-    return Image(hash=digest, data=b"", mime="image/png", width=FRAME[0], height=FRAME[1])
-
-
-def _request(cfg: RouteConfig, session: int, step: int, history: list[str]) -> EngineRequest:
-    frames = [_frame(cfg.seed, session, k) for k in range(max(0, step - 1), step + 1)]
-    lines = "\n".join(f"{k}: {a}" for k, a in enumerate(history)) or "(none yet)"
-    parts: list[TextPart | ImagePart] = [
-        TextPart(text=f"Actions so far:\n{lines}\n"),
-        *(ImagePart(hash=f.hash) for f in frames),  # the old frame first
-        TextPart(text=f"Step {step}: what is the next action?"),
-    ]
-    return EngineRequest(
-        request_id=f"s{session}-k{step}",
-        messages=(
-            ChatMessage(role="system", content=SYSTEM_PROMPT),
-            ChatMessage(role="user", content=parts),
-        ),
-        images=tuple(frames),
-        sampling=Sampling(max_tokens=MAX_TOKENS, temperature=0.0),
-        constraint=JsonSchemaConstraint(json_schema=_ACTION_SCHEMA),
-        session=f"s{session}",
-    )
-
-
-async def _generate(engine: SimEngine, request: EngineRequest) -> str | None:
-    """The answer's text, or None when the engine refused or failed the request."""
-    text: list[str] = []
-    try:
-        async for delta in engine.generate(request):
-            text.append(delta.text)
-            if delta.finish_reason in ("abort", "error"):
-                return None
-    except EngineError:
-        return None
-    return "".join(text)
-
-
-async def _episode(
-    cfg: RouteConfig, session: int, engines: list[SimEngine], router: _Router, out: list[_Step]
-) -> None:
-    history: list[str] = []
-    for step in range(cfg.steps):
-        request = _request(cfg, session, step, history)
-        worker = router.pick(f"s{session}")
-        try:
-            answer = await _generate(engines[worker], request)
-        finally:
-            router.done(worker)
-        timings = engines[worker].timings(request.request_id) if answer is not None else None
-        out.append(_Step(session, step, worker, timings))
-        history.append(answer if answer is not None else "(no answer)")
-
-
-async def _run_policy(policy: Policy, cfg: RouteConfig) -> PolicyResult:
-    settings = SimSettings(delay_scale=cfg.delay_scale, seed=cfg.seed)
-    engines = [SimEngine(settings) for _ in range(cfg.workers)]
-    router = _Router(policy, cfg.workers, settings.max_num_seqs)
-    steps: list[_Step] = []
-    started = time.perf_counter()
-    for engine in engines:
-        await engine.start()
-    try:
-        async with asyncio.TaskGroup() as tg:
-            for session in range(cfg.sessions):
-                tg.create_task(_episode(cfg, session, engines, router, steps))
-    finally:
-        for engine in engines:
-            await engine.close()
-    return _summarise(cfg, steps, time.perf_counter() - started)
-
-
-def _hit_rate(timings: list[SimTimings]) -> float:
-    prompt = sum(t.prompt_tokens for t in timings)
-    return sum(t.cached_tokens for t in timings) / prompt if prompt else 0.0
-
-
-def _summarise(cfg: RouteConfig, steps: list[_Step], wall: float) -> PolicyResult:
-    ok = [(s, s.timings) for s in steps if s.timings is not None]
-    timings = [t for _, t in ok]
-    ttft = [t.ttft for t in timings if t.ttft is not None]
-    busy = [0.0] * cfg.workers
-    episode_s: defaultdict[int, float] = defaultdict(float)
-    workers_of: defaultdict[int, list[int]] = defaultdict(list)
-    for s, t in ok:
-        busy[s.worker] += t.total - t.queue  # time it was being served, not waiting
-        episode_s[s.session] += t.total
-        workers_of[s.session].append(s.worker)
-    mean_busy = statistics.fmean(busy)
-    makespan = max(episode_s.values(), default=0.0)
-    sticky = [max(Counter(ws).values()) / len(ws) for ws in workers_of.values()]
+def summarise(run: Run, workers: list[str], duplicates: int) -> PolicyResult:
+    """The numbers of one policy's run (see the module docstring for each)."""
+    done = run.done
+    modelled = [(r, o, o.modelled) for r, o in done if o.modelled is not None]
+    busy_by: defaultdict[str | None, float] = defaultdict(float)
+    for _, o, m in modelled:
+        busy_by[o.worker] += m.total - m.queue  # being served, not waiting for a slot
+    per_worker = Counter(o.worker for _, o in done)
+    threads: defaultdict[str, list[str | None]] = defaultdict(list)
+    tenants: defaultdict[str, set[str | None]] = defaultdict(set)
+    for r, o in done:
+        threads[r.thread].append(o.worker)
+        tenants[r.tenant].add(o.worker)
+    sticky = [max(Counter(ws).values()) / len(ws) for ws in threads.values() if len(ws) > 1]
+    tenant_requests = Counter(r.tenant for r, _ in done)
+    busiest = max(tenant_requests, key=lambda t: (tenant_requests[t], t), default=None)
+    busy = [busy_by.get(w, 0.0) for w in workers]
+    ttft = [m.ttft for _, _, m in modelled if m.ttft is not None]
+    total = [m.total for _, _, m in modelled]
+    errors = run.errors
     return PolicyResult(
-        steps=len(ok),
-        failed=len(steps) - len(ok),
-        prefix_hit_rate=round(_hit_rate(timings), 4),
-        prefix_hit_rate_after_first=round(_hit_rate([t for s, t in ok if s.step > 0]), 4),
-        ttft_p50_ms=round(percentile(ttft, 0.5) * 1000, 1),
-        ttft_p99_ms=round(percentile(ttft, 0.99) * 1000, 1),
-        step_p50_ms=round(percentile([t.total for t in timings], 0.5) * 1000, 1),
-        step_p99_ms=round(percentile([t.total for t in timings], 0.99) * 1000, 1),
-        load_imbalance=round(max(busy) / mean_busy, 3) if mean_busy else 0.0,
-        throughput_steps_per_s=round(len(ok) / makespan, 2) if makespan else 0.0,
-        makespan_s=round(makespan, 3),
+        requests=len(done), failed=len(errors), first_error=errors[0] if errors else None,
+        duplicates=duplicates,
+        prefix_hit_rate=round(_hit_rate([o for _, o in done]), 4),
+        prefix_hit_rate_after_first=round(_hit_rate([o for r, o in done if r.index > 0]), 4),
+        ttft_p50_ms=_ms(percentile(ttft, 0.5)), ttft_p99_ms=_ms(percentile(ttft, 0.99)),
+        request_p50_ms=_ms(percentile(total, 0.5)), request_p99_ms=_ms(percentile(total, 0.99)),
+        load_imbalance=round(imbalance(busy), 3),
         stickiness=round(statistics.fmean(sticky), 4) if sticky else 0.0,
+        worker_requests=[per_worker.get(w, 0) for w in workers],
         worker_busy_s=[round(b, 3) for b in busy],
-        wall_s=round(wall, 2),
-    )
+        tenant_workers={t: len(ws) for t, ws in sorted(tenants.items())},
+        tenant_requests=dict(sorted(tenant_requests.items())),
+        busiest_tenant=busiest,
+        busiest_tenant_share=round(tenant_requests[busiest] / len(done), 4) if busiest else 0.0,
+        busiest_tenant_workers=len(tenants[busiest]) if busiest else 0,
+        wall_s=round(run.wall_s, 2),
+    )  # fmt: skip
 
 
-def run_route_bench(cfg: RouteConfig, policies: tuple[Policy, ...] = POLICIES) -> RouteBench:
-    """Run every policy, one after the other (so they do not share the CPU)."""
+def _hit_rate(outcomes: list[Outcome]) -> float:
+    prompt = sum(o.prompt_tokens for o in outcomes)
+    return sum(o.cached_tokens for o in outcomes) / prompt if prompt else 0.0
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+class _ResultCounter:
+    """Counts the results published on `res.>` per request id: more than one is a
+    request that ran twice (each run publishes its result, deduplicated or not)."""
+
+    def __init__(self) -> None:
+        self.seen: Counter[str] = Counter()
+
+    async def on_result(self, msg: Msg) -> None:
+        with contextlib.suppress(DecodeError):
+            self.seen[decode(msg.data, GenerateResult).request_id] += 1
+
+    @property
+    def duplicates(self) -> int:
+        return sum(n - 1 for n in self.seen.values() if n > 1)
+
+
+async def _forget_pool(js: JetStreamContext, pool: str, partitions: int) -> None:
+    """On a shared NATS: delete the private pool's WORK consumers and assignments."""
+    for p in range(partitions):
+        with contextlib.suppress(Exception):  # already gone is fine
+            await js.delete_consumer("WORK", subjects.work_consumer(pool, p))
+    kv = await js.key_value(ASSIGNMENTS_BUCKET)
+    for p in range(partitions):
+        with contextlib.suppress(Exception):
+            await kv.purge(f"{pool}.p{p}")
+
+
+@contextlib.asynccontextmanager
+async def _fleet(cfg: RouteConfig, policy: Policy, pool: str) -> AsyncIterator[Bus]:
+    """A fresh in-process fleet whose router runs `policy`; a client connection to it."""
+    sim = env_of(sim_delay_scale=cfg.delay_scale, sim_seed=cfg.seed)
+    spec = FleetSpec(
+        pools=(Pool(pool, cfg.workers, sim),), engine="sim", partitions=cfg.partitions,
+        services=("router",), tenant_policy=UNMETERED, env=env_of(log_level="warning"),
+        service_env={"router": env_of(routing_policy=policy)},
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="sy-bench-route-") as workdir:
+        async with launch(spec, mode="inproc", nats_url=cfg.nats_url, log_dir=Path(workdir)) as f:
+            bus = await connect(f.client, "sy-bench-route")
+            try:
+                yield bus
+            finally:
+                if cfg.nats_url is not None:
+                    await _forget_pool(bus.js, pool, cfg.partitions)
+                await bus.close()
+
+
+async def run_policy(cfg: RouteConfig, policy: Policy) -> PolicyResult:
+    # A private pool on a shared NATS: no heartbeat or assignment of an earlier fleet
+    # (they outlive it by their TTL) can be mistaken for one of this fleet's workers.
+    pool = POOL if cfg.nats_url is None else f"route-{uuid.uuid4().hex[:10]}"
+    async with _fleet(cfg, policy, pool) as bus:
+        counter = _ResultCounter()
+        sub = await bus.nc.subscribe(subjects.RES_ALL, cb=counter.on_result)
+
+        async def send(request: BenchRequest) -> Outcome:
+            deadline = time.time() + REQUEST_TIMEOUT
+            req = request.generate_request(pool, deadline, stream=False)
+            return await nats_generate(bus, req, timeout=REQUEST_TIMEOUT)
+
+        try:
+            run = await _drive(cfg, send)
+            await bus.nc.flush()  # every result published so far has reached the counter
+        finally:
+            await sub.unsubscribe()
+    workers = list(Pool(pool, cfg.workers).worker_ids())
+    return summarise(run, workers, counter.duplicates)
+
+
+def _drive(cfg: RouteConfig, send: Callable[[BenchRequest], Awaitable[Outcome]]) -> Awaitable[Run]:
+    if cfg.workload == "agent":
+        return run_agent(cfg.sessions, cfg.steps, cfg.seed, send)
+    return run_chat(cfg.chat, send)
+
+
+def run_route_bench(cfg: RouteConfig) -> RouteBench:
+    """Every policy, one after the other (so they do not share the CPU)."""
+    unknown = set(cfg.policies) - set(POLICIES)
+    if unknown:
+        raise ValueError(f"unknown policies {sorted(unknown)}; choose from {list(POLICIES)}")
 
     async def run_all() -> dict[str, PolicyResult]:
-        return {policy: await _run_policy(policy, cfg) for policy in policies}
+        return {policy: await run_policy(cfg, policy) for policy in cfg.policies}
 
     return RouteBench(cfg, asyncio.run(run_all()))

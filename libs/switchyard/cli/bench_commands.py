@@ -6,11 +6,13 @@ import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from switchyard.bench.routeload import ChatConfig
 from switchyard.cli import peers_commands
 
 console = Console()
@@ -45,52 +47,108 @@ def engine_cmd(
     )
 
 
+CHAT = ChatConfig()  # the chat workload's defaults, shown by --help
+
+
 @bench.command("route")
 def route_cmd(
-    sessions: int = typer.Option(200, min=1, help="concurrent agent episodes"),
-    steps: int = typer.Option(20, min=1, help="steps per episode"),
-    workers: int = typer.Option(8, min=1, help="sim engines per policy"),
+    workload: str = typer.Option("agent", help="agent (sessions x steps) or chat (tenants)"),
+    workers: int = typer.Option(8, min=1, help="sim workers per policy"),
+    sessions: int = typer.Option(200, min=1, help="agent: concurrent episodes"),
+    steps: int = typer.Option(20, min=1, help="agent: steps per episode"),
+    tenants: int = typer.Option(
+        CHAT.tenants, min=1, help="chat: tenants, each its own system prompt"
+    ),
+    conversations: int = typer.Option(
+        CHAT.conversations, min=0, help="chat: multi-turn conversations"
+    ),
+    turns: int = typer.Option(CHAT.turns, min=1, help="chat: turns per conversation"),
+    one_shots: int = typer.Option(CHAT.one_shots, min=0, help="chat: single-turn requests"),
+    lanes: int = typer.Option(
+        CHAT.concurrency, min=1, help="chat: client lanes, each one job at a time"
+    ),
+    skew: float = typer.Option(CHAT.skew, min=0.0, help="chat: Zipf exponent of tenant traffic"),
     delay_scale: float = typer.Option(
-        0.1, min=0.001, help="wall s per modelled s (run speed only; results are modelled)"
+        1.0, min=0.001, help="wall s per modelled s (run speed only; results are modelled)"
     ),
     seed: int = typer.Option(0, min=0),
+    policy: list[str] | None = typer.Option(None, "--policy", help="only these (repeatable)"),
+    nats_url: str | None = typer.Option(
+        None, "--nats", help="run on this NATS (default: an embedded server per policy)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Placement policies on the same simulated agent workload: cache hits, TTFT, balance."""
-    from switchyard.bench.route import PolicyResult, RouteConfig, run_route_bench
+    """The real router's policies side by side on sim workers: cache hits, balance, TTFT."""
+    from switchyard.bench.route import (
+        POLICIES,
+        Policy,
+        PolicyResult,
+        RouteConfig,
+        run_route_bench,
+    )
+    from switchyard.bench.routeload import WORKLOADS
     from switchyard.logging import configure
 
-    # Engines log on start and close; keep stdout for the table or the JSON.
+    if workload not in WORKLOADS:
+        raise typer.BadParameter(f"--workload must be one of {', '.join(WORKLOADS)}")
+    chosen = tuple(policy) if policy else POLICIES
+    bad = [p for p in chosen if p not in POLICIES]
+    if bad:
+        raise typer.BadParameter(f"unknown policy {bad}; choose from {list(POLICIES)}")
+    if workload == "chat" and conversations + one_shots == 0:
+        raise typer.BadParameter("the chat workload needs conversations or one-shot requests")
+    chat = ChatConfig(tenants, conversations, turns, one_shots, lanes, skew, seed)
+    cfg = RouteConfig(
+        workload=workload, workers=workers, delay_scale=delay_scale,
+        seed=seed, sessions=sessions, steps=steps, chat=chat,
+        policies=cast("tuple[Policy, ...]", chosen), nats_url=nats_url,
+    )  # fmt: skip
+    # The services log as they start and stop; keep stdout for the table or the JSON.
     configure("warning", service="sy-bench", json=False)
-    result = run_route_bench(RouteConfig(sessions, steps, workers, delay_scale, seed))
+    result = run_route_bench(cfg)
     if as_json:
         print(json.dumps(result.as_dict()))
         return
-    # Policies as columns: ten metrics side by side would not fit a terminal.
+    # Policies as columns: a dozen metrics side by side would not fit a terminal.
     rows: list[tuple[str, Callable[[PolicyResult], str]]] = [
         ("prefix hit rate", lambda r: f"{r.prefix_hit_rate:.1%}"),
-        ("  after step 1", lambda r: f"{r.prefix_hit_rate_after_first:.1%}"),
-        ("TTFT p50 (ms)", lambda r: f"{r.ttft_p50_ms:.0f}"),
-        ("TTFT p99 (ms)", lambda r: f"{r.ttft_p99_ms:.0f}"),
-        ("step p50 (ms)", lambda r: f"{r.step_p50_ms:.0f}"),
-        ("step p99 (ms)", lambda r: f"{r.step_p99_ms:.0f}"),
-        ("load imbalance", lambda r: f"{r.load_imbalance:.2f}"),
-        ("throughput (steps/s)", lambda r: f"{r.throughput_steps_per_s:.0f}"),
-        ("session stickiness", lambda r: f"{r.stickiness:.2f}"),
-        ("steps done", lambda r: f"{r.steps}/{r.steps + r.failed}"),
+        ("  after the first request", lambda r: f"{r.prefix_hit_rate_after_first:.1%}"),
+        ("TTFT p50 / p99 (ms)", lambda r: f"{r.ttft_p50_ms:.0f} / {r.ttft_p99_ms:.0f}"),
+        (f"{'step' if workload == 'agent' else 'request'} p50 / p99 (ms)",
+         lambda r: f"{r.request_p50_ms:.0f} / {r.request_p99_ms:.0f}"),
+        ("load imbalance (busy max/mean)", lambda r: f"{r.load_imbalance:.2f}"),
+        (f"{'session' if workload == 'agent' else 'conversation'} stickiness",
+         lambda r: f"{r.stickiness:.2f}"),
+    ]  # fmt: skip
+    if workload == "chat":
+        rows += [
+            ("busiest tenant's workers", lambda r: f"{r.busiest_tenant_workers} of {workers} "
+             f"({r.busiest_tenant}, {r.busiest_tenant_share:.0%})"),
+            ("workers per tenant", lambda r: " ".join(map(str, r.tenant_workers.values()))),
+        ]  # fmt: skip
+    rows += [
+        ("requests ok / failed", lambda r: f"{r.requests}/{r.failed}"),
+        ("wall s (this machine)", lambda r: f"{r.wall_s:.0f}"),
     ]
+    size = f"{sessions} sessions x {steps} steps" if workload == "agent" else (
+        f"{tenants} tenants: {conversations} conversations x {turns} turns + {one_shots} "
+        f"one-shots, {lanes} lanes")  # fmt: skip
     table = Table(
         "", *result.results,
-        title=f"{sessions} sessions x {steps} steps on {workers} sim workers (seed {seed})",
+        title=f"sy bench route --workload {workload}: {size} on {workers} sim workers "
+        f"(seed {seed})",
     )  # fmt: skip
     for label, cell in rows:
         table.add_row(label, *(cell(r) for r in result.results.values()))
     console.print(table)
     console.print(
-        "Latencies and steps/s are the sim's modelled (A100-calibrated) time, not wall clock; "
-        "load imbalance = max/mean per-worker busy time; stickiness = share of an episode's "
-        "steps on its most-used worker."
+        "Latencies are the sim's modelled (A100-calibrated) time, not wall clock; TTFT = "
+        "queue + prefill + decode/output tokens; load imbalance = max/mean per-worker busy "
+        "time; stickiness = share of a thread's requests on its most-used worker."
     )
+    for name, r in result.results.items():
+        if r.first_error:
+            console.print(f"[red]{name}: {r.failed} failed, first: {r.first_error}[/red]")
 
 
 @bench.command("sql-validate")

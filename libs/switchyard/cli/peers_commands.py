@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 
+from switchyard.bench.routeload import ChatConfig
+
 if TYPE_CHECKING:
     from switchyard.bench.peers.overhead import OverheadConfig
     from switchyard.bench.peers.routing import RoutingConfig
@@ -57,13 +59,17 @@ def _run(
     doc = report.document(overhead, routing, found)
     report.write_json(out / "peers.json", doc)
     report.write_png(out / "peers.png", overhead, routing, found)
+    written = [out / "peers.json", out / "peers.png"]
+    if routing is not None:
+        written.append(out / f"routing-{routing.config.workload}.md")
+        written[-1].write_text(report.routing_markdown(routing))
     if as_json:
         import json
 
         print(json.dumps(doc))
         return
     report.print_tables(console, overhead, routing, found)
-    console.print(f"written: {out / 'peers.json'}, {out / 'peers.png'}; logs in {out / 'logs'}")
+    console.print(f"written: {', '.join(map(str, written))}; logs in {out / 'logs'}")
 
 
 def _stop_cleanly_on_signals() -> None:
@@ -85,21 +91,38 @@ def _overhead_cfg(requests: int, concurrency: int, block: int) -> OverheadConfig
 
 
 def _routing_cfg(sessions: int, steps: int, backends: int, delay_scale: float, seed: int,
-                 policy: list[str] | None) -> RoutingConfig:  # fmt: skip
+                 policy: list[str] | None, workload: str, tenants: int, conversations: int,
+                 turns: int, one_shots: int, lanes: int) -> RoutingConfig:  # fmt: skip
     from switchyard.bench.peers.routing import ALL_POLICIES, RoutingConfig
+    from switchyard.bench.routeload import WORKLOADS
 
     chosen = tuple(policy) if policy else ALL_POLICIES
     bad = [p for p in chosen if p not in ALL_POLICIES]
     if bad:
         raise typer.BadParameter(f"unknown policy {bad}; choose from {list(ALL_POLICIES)}")
-    return RoutingConfig(sessions, steps, backends, delay_scale, seed, chosen)
+    if workload not in WORKLOADS:
+        raise typer.BadParameter(f"--workload must be one of {', '.join(WORKLOADS)}")
+    if workload == "chat" and conversations + one_shots == 0:
+        raise typer.BadParameter("the chat workload needs conversations or one-shot requests")
+    chat = ChatConfig(tenants, conversations, turns, one_shots, lanes, seed=seed)
+    return RoutingConfig(sessions, steps, backends, delay_scale, seed, chosen,
+                         workload, chat)  # fmt: skip
 
 
 REQUESTS = typer.Option(2000, min=10, help="overhead: requests per path")
 CONCURRENCY = typer.Option(8, min=1, help="overhead: requests in flight")
 BLOCK = typer.Option(200, min=10, help="overhead: requests per interleaved block")
-SESSIONS = typer.Option(200, min=1, help="routing: agent episodes, all at once")
-STEPS = typer.Option(20, min=1, help="routing: steps per episode")
+WORKLOAD = typer.Option("agent", help="routing: agent (episodes) or chat (tenants)")
+SESSIONS = typer.Option(200, min=1, help="routing, agent: episodes, all at once")
+STEPS = typer.Option(20, min=1, help="routing, agent: steps per episode")
+_CHAT = ChatConfig()  # the chat workload's defaults
+TENANTS = typer.Option(_CHAT.tenants, min=1, help="routing, chat: tenants, each its own prompt")
+CONVERSATIONS = typer.Option(
+    _CHAT.conversations, min=0, help="routing, chat: multi-turn conversations"
+)
+TURNS = typer.Option(_CHAT.turns, min=1, help="routing, chat: turns per conversation")
+ONE_SHOTS = typer.Option(_CHAT.one_shots, min=0, help="routing, chat: single-turn requests")
+LANES = typer.Option(_CHAT.concurrency, min=1, help="routing, chat: client lanes, one job each")
 BACKENDS = typer.Option(8, min=1, help="routing: sim backends / workers")
 DELAY = typer.Option(1.0, min=0.0, help="routing: sim wall s per modelled s")
 SEED = typer.Option(0, min=0)
@@ -117,24 +140,31 @@ def overhead_cmd(
 
 @peers.command("routing")
 def routing_cmd(
-    sessions: int = SESSIONS, steps: int = STEPS, backends: int = BACKENDS,
+    workload: str = WORKLOAD, sessions: int = SESSIONS, steps: int = STEPS,
+    tenants: int = TENANTS, conversations: int = CONVERSATIONS, turns: int = TURNS,
+    one_shots: int = ONE_SHOTS, lanes: int = LANES, backends: int = BACKENDS,
     delay_scale: float = DELAY, seed: int = SEED, policy: list[str] | None = POLICY,
     out: Path = OUT, as_json: bool = AS_JSON,
 ) -> None:  # fmt: skip
-    """Prefix-cache hits, latency and balance of each routing policy on the agent workload."""
-    _run(out, as_json, None, _routing_cfg(sessions, steps, backends, delay_scale, seed, policy))
+    """Prefix-cache hits, latency and balance of each routing policy on one workload."""
+    _run(out, as_json, None, _routing_cfg(sessions, steps, backends, delay_scale, seed, policy,
+                                          workload, tenants, conversations, turns, one_shots,
+                                          lanes))  # fmt: skip
 
 
 @peers.command("all")
 def all_cmd(
     requests: int = REQUESTS, concurrency: int = CONCURRENCY, block: int = BLOCK,
-    sessions: int = SESSIONS, steps: int = STEPS, backends: int = BACKENDS,
+    workload: str = WORKLOAD, sessions: int = SESSIONS, steps: int = STEPS,
+    tenants: int = TENANTS, conversations: int = CONVERSATIONS, turns: int = TURNS,
+    one_shots: int = ONE_SHOTS, lanes: int = LANES, backends: int = BACKENDS,
     delay_scale: float = DELAY, seed: int = SEED, policy: list[str] | None = POLICY,
     out: Path = OUT, as_json: bool = AS_JSON,
 ) -> None:  # fmt: skip
     """Both runs, one after the other; one JSON, one PNG."""
     _run(out, as_json, _overhead_cfg(requests, concurrency, block),
-         _routing_cfg(sessions, steps, backends, delay_scale, seed, policy))  # fmt: skip
+         _routing_cfg(sessions, steps, backends, delay_scale, seed, policy, workload, tenants,
+                      conversations, turns, one_shots, lanes))  # fmt: skip
 
 
 def register(bench: typer.Typer) -> None:

@@ -290,7 +290,7 @@ class SimEngine:
             return None
         return ModelledTimings(
             queue=t.queue, prefill=t.prefill,
-            decode=max(0.0, t.total - t.queue - t.prefill), total=t.total,
+            decode=max(0.0, t.total - t.queue - t.prefill), total=t.total, ttft=t.ttft,
         )  # fmt: skip
 
     @property

@@ -184,13 +184,15 @@ class ModelledTimings(Model):
     Only the `sim` engine fills these: virtual time at its calibration, free of
     this machine's CPU contention (the wall clock follows it times the delay scale).
     `queue` waits for a batch slot and KV blocks; `decode` is prefill end -> last token
-    (alignment to a step boundary plus one step per token); `total` = their sum.
+    (alignment to a step boundary plus one step per token); `total` = their sum;
+    `ttft` arrival -> first token (None when no token came).
     """
 
     queue: float = Field(default=0.0, ge=0)
     prefill: float = Field(default=0.0, ge=0)
     decode: float = Field(default=0.0, ge=0)
     total: float = Field(default=0.0, ge=0)
+    ttft: float | None = Field(default=None, ge=0)
 
 
 class Timings(Model):

@@ -21,7 +21,7 @@ from switchyard import subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
-from switchyard.messages.inference import GenerateRequest, Route
+from switchyard.messages.inference import GenerateRequest, ModelledTimings, Route
 
 
 class RequestFailed(RuntimeError):
@@ -37,6 +37,8 @@ class Outcome:
     worker: str | None = None  # Switchyard: the worker that ran it
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    completion_tokens: int = 0
+    modelled: ModelledTimings | None = None  # Switchyard's sim engine, from the result
     modelled_total_s: float | None = None  # Switchyard's sim engine, from the result
     modelled_busy_s: float | None = None  # its prefill + decode (total minus queue)
     hops: dict[str, float] | None = None  # Switchyard: seconds per hop (`hops_of`)
@@ -130,6 +132,8 @@ async def nats_generate(bus: Bus, req: GenerateRequest, timeout: float = 120.0) 
                     worker=result.worker,
                     prompt_tokens=result.usage.prompt_tokens,
                     cached_tokens=result.usage.cached_tokens,
+                    completion_tokens=result.usage.completion_tokens,
+                    modelled=modelled,
                     modelled_total_s=modelled.total if modelled is not None else None,
                     modelled_busy_s=(
                         modelled.total - modelled.queue if modelled is not None else None

@@ -34,32 +34,62 @@ def overhead_table(result: OverheadResult, versions: dict[str, str]) -> Table:
 
 ROUTING_ROWS: list[tuple[str, Callable[[PolicyRow], str]]] = [
     ("prefix hit rate", lambda r: f"{r.prefix_hit_rate:.1%}"),
-    ("TTFT p50 ms (wall)", lambda r: f"{r.ttft.p50_ms:.0f}"),
-    ("TTFT p99 ms (wall)", lambda r: f"{r.ttft.p99_ms:.0f}"),
-    ("e2e p50 ms (wall)", lambda r: f"{r.e2e.p50_ms:.0f}"),
-    ("e2e p99 ms (wall)", lambda r: f"{r.e2e.p99_ms:.0f}"),
-    ("step p50 ms (modelled)", lambda r: f"{r.modelled_e2e.p50_ms:.0f}"),
-    ("step p99 ms (modelled)", lambda r: f"{r.modelled_e2e.p99_ms:.0f}"),
+    ("TTFT p50 / p99 ms (wall)", lambda r: f"{r.ttft.p50_ms:.0f} / {r.ttft.p99_ms:.0f}"),
+    ("e2e p50 / p99 ms (wall)", lambda r: f"{r.e2e.p50_ms:.0f} / {r.e2e.p99_ms:.0f}"),
+    ("request p50 / p99 ms (modelled)",
+     lambda r: f"{r.modelled_e2e.p50_ms:.0f} / {r.modelled_e2e.p99_ms:.0f}"),
     ("imbalance, busy time", lambda r: f"{r.imbalance_busy:.2f}"),
     ("imbalance, requests", lambda r: f"{r.imbalance_requests:.2f}"),
-    ("throughput steps/s (wall)", lambda r: f"{r.throughput_steps_per_s:.0f}"),
-    ("steps ok / failed", lambda r: f"{r.steps}/{r.failed}"),
-]
+    ("stickiness", lambda r: f"{r.stickiness:.2f}"),
+    ("throughput req/s (wall)", lambda r: f"{r.throughput_rps:.0f}"),
+    ("requests ok / failed", lambda r: f"{r.requests}/{r.failed}"),
+]  # fmt: skip
+
+
+def routing_rows(result: RoutingResult) -> list[tuple[str, Callable[[PolicyRow], str]]]:
+    """The table's rows for this run's workload (chat adds the tenants' reach)."""
+    rows = list(ROUTING_ROWS)
+    if result.config.workload == "chat":
+        n = result.config.backends
+        rows.insert(-2, ("busiest tenant's backends",
+                         lambda r: f"{r.busiest_tenant_backends} of {n}"))  # fmt: skip
+        rows.insert(-2, ("backends per tenant",
+                         lambda r: " ".join(map(str, r.tenant_backends.values()))))  # fmt: skip
+    return rows
+
+
+def routing_title(result: RoutingResult) -> str:
+    c = result.config
+    if c.workload == "agent":
+        size = f"{c.sessions} sessions x {c.steps} steps"
+    else:
+        h = c.chat
+        size = (f"{h.tenants} tenants, {h.conversations} conversations x {h.turns} turns "
+                f"+ {h.one_shots} one-shots, {h.concurrency} lanes")  # fmt: skip
+    return (f"Routing ({c.workload}): {size} on {c.backends} sim backends "
+            f"(delay scale {c.delay_scale}, seed {c.seed})")  # fmt: skip
 
 
 def routing_table(result: RoutingResult, versions: dict[str, str]) -> Table:
-    c = result.config
     table = Table(
         "", *result.rows,
-        title=(f"Routing: {c.sessions} sessions x {c.steps} steps on {c.backends} sim backends "
-               f"(delay scale {c.delay_scale}, seed {c.seed})"),
+        title=routing_title(result),
         caption=_caption(versions)
         + "; modelled = the sim's A100-calibrated time reported by the backends; imbalance = "
         "max/mean over backends",
     )  # fmt: skip
-    for label, cell in ROUTING_ROWS:
+    for label, cell in routing_rows(result):
         table.add_row(label, *(cell(r) for r in result.rows.values()))
     return table
+
+
+def routing_markdown(result: RoutingResult) -> str:
+    """The routing table as markdown (for the README's performance notes)."""
+    lines = [f"{routing_title(result)}", "", "| | " + " | ".join(result.rows) + " |",
+             "| --- |" + " --- |" * len(result.rows)]  # fmt: skip
+    for label, cell in routing_rows(result):
+        lines.append(f"| {label} | " + " | ".join(cell(r) for r in result.rows.values()) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _caption(versions: dict[str, str]) -> str:
@@ -111,7 +141,7 @@ def write_png(
         )
         panels.append(
             (
-                "routing: modelled step ms (p50, p99)",
+                "routing: modelled request ms (p50, p99)",
                 names,
                 [r.modelled_e2e.p50_ms for r in rows],
                 [r.modelled_e2e.p99_ms for r in rows],

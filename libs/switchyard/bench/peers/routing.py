@@ -1,34 +1,41 @@
-"""The routing-quality run: the same agent episodes through each policy onto 8 backends.
+"""The routing-quality run: the same requests through each policy onto 8 backends.
 
 Peers: 8 `sy sim-server` backends (same settings, same seed, reset cold before each
 policy) behind `vllm-router` (round_robin, cache_aware, consistent_hash) and `smg`
-(cache_aware), each started fresh for its policy and stopped after it. Switchyard: its own
-router with session-affinity placement (bounded-load consistent hashing of partitions) over
-8 worker processes running the same `sim` engine settings; steps are published straight
-onto NATS (the overhead run measures the HTTP edge separately).
+(cache_aware), each started fresh for its policy and stopped after it, over HTTP.
+Switchyard: its own router with its shipped `switchyard` policy over 8 worker processes
+running the same `sim` engine settings; requests are published straight onto NATS (the
+overhead run measures the HTTP edge separately).
+
+The workloads are `sy bench route`'s (`switchyard.bench.routeload`): `agent` (closed-loop
+episodes, the session in `X-Session-ID` and `user` over HTTP and in the envelope over
+NATS) and `chat` (tenants with their own system prompts, skewed traffic, conversations
+and one-shot requests, no session anywhere: every router places them by their content;
+vllm-router's consistent_hash then has no session key to hash).
 
 Per policy:
 
 - prefix-cache hit rate, token-weighted, from the backends' own counters
   (`vllm:prefix_cache_*` deltas; Switchyard: the workers' reported cached/prompt tokens);
 - TTFT and end-to-end latency at the client, wall clock (streaming, first content token);
-- the modelled step latency the backends report (the sim's A100-calibrated time, free of
-  this machine's CPU contention): the cleanest view of what routing did to queueing and
-  prefill;
+- the modelled request latency the backends report (the sim's A100-calibrated time,
+  free of this machine's CPU contention): the cleanest view of what routing did to
+  queueing and prefill;
 - load imbalance: max/mean over backends of requests served and of modelled busy time;
-- throughput: completed steps per wall second.
-
-Episodes are closed loops started together: step k+1 is sent when step k's answer is
-complete, and the answer joins the history (the sim answers deterministically per prompt,
-so every policy sees the same prompts).
+- stickiness: mean share of an episode's (conversation's) requests on its most-used
+  backend, and for chat how many backends each tenant's requests reached (which backend
+  served a request: the sim server's `/sim/timings` by request id; the worker in a
+  Switchyard result);
+- throughput: completed requests per wall second.
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -37,12 +44,20 @@ import httpx
 from switchyard.bench.peers import peers, simfleet
 from switchyard.bench.peers.clients import Outcome, http_chat, nats_generate
 from switchyard.bench.peers.stats import Latency, delta, hit_rate, imbalance
-from switchyard.bench.peers.syfleet import POOL, TENANT, switchyard_fleet
-from switchyard.bench.peers.workload import AgentStep
+from switchyard.bench.peers.syfleet import POOL, switchyard_fleet
+from switchyard.bench.routeload import (
+    BenchRequest,
+    ChatConfig,
+    Run,
+    Send,
+    WorkloadName,
+    run_agent,
+    run_chat,
+)
 from switchyard.fleet import ProcessGroup
 from switchyard.ports import free_port
 
-SWITCHYARD = "switchyard affinity"
+SWITCHYARD = "switchyard"
 PEER_POLICIES: tuple[tuple[str, str], ...] = (
     ("vllm-router", "round_robin"),
     ("vllm-router", "cache_aware"),
@@ -60,11 +75,18 @@ class RoutingConfig:
     delay_scale: float = 1.0
     seed: int = 0
     policies: tuple[str, ...] = ALL_POLICIES
+    workload: WorkloadName = "agent"
+    chat: ChatConfig = field(default_factory=ChatConfig)
+
+    @property
+    def clients(self) -> int:
+        """Requests in flight at most (HTTP connections needed)."""
+        return self.sessions if self.workload == "agent" else self.chat.concurrency
 
 
 @dataclass(frozen=True)
 class PolicyRow:
-    steps: int
+    requests: int
     failed: int
     first_error: str | None
     prefix_hit_rate: float
@@ -73,7 +95,11 @@ class PolicyRow:
     modelled_e2e: Latency
     imbalance_requests: float
     imbalance_busy: float
-    throughput_steps_per_s: float
+    stickiness: float
+    tenant_backends: dict[str, int]  # backends each tenant's requests reached
+    busiest_tenant: str | None
+    busiest_tenant_backends: int
+    throughput_rps: float
     requests_per_backend: list[int]
     wall_s: float
 
@@ -90,50 +116,40 @@ class RoutingResult:
         }
 
 
-Send = Callable[[AgentStep], Awaitable[Outcome]]
-
-
-@dataclass
-class _Run:
-    done: list[Outcome] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    wall_s: float = 0.0
-
-
-async def run_episodes(cfg: RoutingConfig, send: Send) -> _Run:
-    run = _Run()
-
-    async def episode(session: int) -> None:
-        history: list[str] = []
-        for step in range(cfg.steps):
-            try:
-                outcome = await send(AgentStep(cfg.seed, session, step, tuple(history)))
-            except Exception as e:  # counted, reported; the episode goes on like a phone would
-                run.errors.append(f"{type(e).__name__}: {e}"[:300])
-                history.append("(no answer)")
-                continue
-            run.done.append(outcome)
-            history.append(outcome.text)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(episode(s) for s in range(cfg.sessions)))
-    run.wall_s = time.perf_counter() - started
-    return run
+async def run_workload(cfg: RoutingConfig, send: Send) -> Run:
+    if cfg.workload == "agent":
+        return await run_agent(cfg.sessions, cfg.steps, cfg.seed, send)
+    return await run_chat(cfg.chat, send)
 
 
 def _row(
-    run: _Run, hit: float, requests: list[float], busy: list[float], modelled: list[float]
-) -> PolicyRow:
+    run: Run, served_by: Sequence[tuple[BenchRequest, Hashable]], hit: float,
+    requests: list[float], busy: list[float], modelled: list[float],
+) -> PolicyRow:  # fmt: skip
+    """`served_by`: each completed request and the backend that served it."""
+    threads: defaultdict[str, list[Hashable]] = defaultdict(list)
+    tenants: defaultdict[str, set[Hashable]] = defaultdict(set)
+    for request, backend in served_by:
+        threads[request.thread].append(backend)
+        tenants[request.tenant].add(backend)
+    sticky = [max(Counter(b).values()) / len(b) for b in threads.values() if len(b) > 1]
+    per_tenant = Counter(r.tenant for r, _ in run.done)
+    busiest = max(per_tenant, key=lambda t: (per_tenant[t], t), default=None)
+    outcomes = [o for _, o in run.done]
+    errors = run.errors
     return PolicyRow(
-        steps=len(run.done), failed=len(run.errors),
-        first_error=run.errors[0] if run.errors else None,
+        requests=len(outcomes), failed=len(errors), first_error=errors[0] if errors else None,
         prefix_hit_rate=round(hit, 4),
-        ttft=Latency.of([o.ttft_s for o in run.done if o.ttft_s is not None]),
-        e2e=Latency.of([o.total_s for o in run.done]),
+        ttft=Latency.of([o.ttft_s for o in outcomes if o.ttft_s is not None]),
+        e2e=Latency.of([o.total_s for o in outcomes]),
         modelled_e2e=Latency.of(modelled),
         imbalance_requests=round(imbalance(requests), 3),
         imbalance_busy=round(imbalance(busy), 3),
-        throughput_steps_per_s=round(len(run.done) / run.wall_s, 1) if run.wall_s else 0.0,
+        stickiness=round(statistics.fmean(sticky), 4) if sticky else 0.0,
+        tenant_backends={t: len(b) for t, b in sorted(tenants.items())},
+        busiest_tenant=busiest,
+        busiest_tenant_backends=len(tenants[busiest]) if busiest else 0,
+        throughput_rps=round(len(outcomes) / run.wall_s, 1) if run.wall_s else 0.0,
         requests_per_backend=[int(r) for r in requests],
         wall_s=round(run.wall_s, 1),
     )  # fmt: skip
@@ -152,47 +168,52 @@ async def _peer_policy(
         try:
             url = f"http://127.0.0.1:{port}"
             await asyncio.to_thread(group.wait_http, child, url + cmd.health_path, 90)
-            limits = httpx.Limits(max_connections=cfg.sessions + 8)
+            limits = httpx.Limits(max_connections=cfg.clients + 8)
             async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as http:
 
-                async def send(step: AgentStep) -> Outcome:
-                    body = step.openai_body(simfleet.MODEL, stream=True)
-                    return await http_chat(http, body, step.headers())
+                async def send(request: BenchRequest) -> Outcome:
+                    body = request.openai_body(simfleet.MODEL, stream=True)
+                    return await http_chat(http, body, request.headers())
 
-                run = await run_episodes(cfg, send)
+                run = await run_workload(cfg, send)
         finally:
             group.stop(child)
         after = await simfleet.scrape(admin, backends)
         served = await simfleet.timings(admin, backends)
-    modelled = [served[o.backend_request_id][1]["total"] for o in run.done
-                if o.backend_request_id in served]  # fmt: skip
+    found = [(r, served[o.backend_request_id]) for r, o in run.done
+             if o.backend_request_id in served]  # fmt: skip
     requests = [
         delta(b, a, "vllm:request_success_total") for b, a in zip(before, after, strict=True)
     ]
     busy = [delta(b, a, "sim:busy_seconds_total") for b, a in zip(before, after, strict=True)]
-    return _row(run, hit_rate(before, after), requests, busy, modelled)
+    served_by = [(r, backend) for r, (backend, _) in found]
+    modelled = [float(t["total"]) for _, (_, t) in found]
+    return _row(run, served_by, hit_rate(before, after), requests, busy, modelled)
 
 
 async def _switchyard(cfg: RoutingConfig, log_dir: Path) -> PolicyRow:
     async with switchyard_fleet(
-        log_dir, workers=cfg.backends, delay_scale=cfg.delay_scale, edge=False
-    ) as fleet:
+        log_dir, workers=cfg.backends, delay_scale=cfg.delay_scale, edge=False,
+        routing_policy="switchyard",
+    ) as fleet:  # fmt: skip
 
-        async def send(step: AgentStep) -> Outcome:
-            req = step.generate_request(TENANT, POOL, deadline=time.time() + 300)
+        async def send(request: BenchRequest) -> Outcome:
+            req = request.generate_request(POOL, deadline=time.time() + 300)
             return await nats_generate(fleet.bus, req, timeout=300)
 
-        run = await run_episodes(cfg, send)
-    prompt = sum(o.prompt_tokens for o in run.done)
-    hit = sum(o.cached_tokens for o in run.done) / prompt if prompt else 0.0
-    per_worker = Counter(o.worker for o in run.done)
+        run = await run_workload(cfg, send)
+    done = run.done
+    prompt = sum(o.prompt_tokens for _, o in done)
+    hit = sum(o.cached_tokens for _, o in done) / prompt if prompt else 0.0
+    per_worker = Counter(o.worker for _, o in done)
     busy_by: defaultdict[str | None, float] = defaultdict(float)
-    for o in run.done:
+    for _, o in done:
         busy_by[o.worker] += o.modelled_busy_s or 0.0
     requests = [float(per_worker.get(w, 0)) for w in fleet.workers]
     busy = [busy_by.get(w, 0.0) for w in fleet.workers]
-    modelled = [o.modelled_total_s for o in run.done if o.modelled_total_s is not None]
-    return _row(run, hit, requests, busy, modelled)
+    modelled = [o.modelled_total_s for _, o in done if o.modelled_total_s is not None]
+    served_by: list[tuple[BenchRequest, Hashable]] = [(r, o.worker) for r, o in done]
+    return _row(run, served_by, hit, requests, busy, modelled)
 
 
 async def _measure(cfg: RoutingConfig, log_dir: Path) -> RoutingResult:

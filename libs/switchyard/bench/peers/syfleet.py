@@ -3,7 +3,9 @@ and optionally the preprocessor and the HTTP edge.
 
 The same services `sy up` runs (`python -m services.<name>`), each its own process like the
 peers' routers and backends, on a private pool and an embedded `nats-server`, with an
-unmetered tenant policy (the benchmark measures routing, not quotas).
+unmetered tenant policy (the benchmark measures routing, not quotas) that every tenant of
+the workloads falls under (`bench` for the agent and the overhead run, `t0`, `t1`, ... for
+chat).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ class SwitchyardFleet:
 async def switchyard_fleet(
     log_dir: Path, *, workers: int, delay_scale: float, edge: bool,
     kv_blocks: int | None = None, max_num_seqs: int | None = None,
+    routing_policy: str = "switchyard",
 ) -> AsyncIterator[SwitchyardFleet]:  # fmt: skip
-    """The fleet, ready (every partition bound; the edge answering), its logs in `log_dir`."""
+    """The fleet, ready (every partition bound; the edge answering), its logs in `log_dir`;
+    its router placing requests by `routing_policy` (`SY_ROUTING_POLICY`)."""
     sim = env_of(sim_delay_scale=delay_scale)
     if kv_blocks is not None:
         sim |= env_of(sim_kv_capacity_tokens=kv_blocks * 16)
@@ -46,6 +50,7 @@ async def switchyard_fleet(
         pools=(pool,), engine="sim", partitions=PARTITIONS,
         services=("router", "preprocessor") if edge else ("router",),
         tenant_policy=UNMETERED, env=env_of(log_level="warning", chat_pool=POOL),
+        service_env={"router": env_of(routing_policy=routing_policy)},
         edge=Edge(keys={KEY: TENANT}, env=env_of(max_tokens_cap=4096)) if edge else None,
     )  # fmt: skip
     async with launch(spec, log_dir=log_dir) as fleet:
