@@ -206,6 +206,8 @@ class Router:
                         "cache_salt": salt}
             )  # fmt: skip
             blocks = prefix_blocks(salt, req.messages, req.prompt, req.images)
+            if req.session:
+                await self.sessions.lookup(req.pool, req.tenant, req.session)
             self.queue.push(
                 Item(
                     request_id=req.id, tenant=req.tenant, priority=admitted.priority,

@@ -101,6 +101,15 @@ class SessionTable:
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]
 
+    async def lookup(self, pool: str, tenant: str, session: str) -> None:
+        """Read a session's route this router does not know yet: another router may have
+        placed it a moment ago, before its write reached this router's watch."""
+        affinity = self.affinity.get(pool)
+        if affinity is None or route_id(tenant, session) in affinity.routes:
+            return
+        with contextlib.suppress(KeyNotFoundError, nats.errors.Error):
+            self._apply(await self._opened_kv().get(session_key(pool, tenant, session)))
+
     def record(self, pool: str, tenant: str, session: str, decision: Decision, now: float) -> None:
         """Queue the write of the route `decision` made (or refreshed) for `session`."""
         self._writes.put_nowait(_Write(pool, tenant, session, decision, now))

@@ -265,6 +265,8 @@ PUBLISH: dict[str, tuple[list[str], list[str]]] = {
             "res.agent.acme",
             "_INBOX.edge.x",
             "$KV.fleet_assignments.agent.3",
+            "$KV.fleet_sessions.agent.acme.s1",
+            "$JS.API.CONSUMER.CREATE.KV_fleet_sessions",
             "$JS.API.CONSUMER.MSG.NEXT.REQ.router",
         ],
         [
@@ -287,6 +289,7 @@ PUBLISH: dict[str, tuple[list[str], list[str]]] = {
             "$JS.API.STREAM.INFO.KV_fleet_workers",
         ],
         [
+            "$KV.fleet_sessions.agent.acme.s1",
             "svc.sql.execute",
             "svc.sql.validate",
             "svc.sql.explain",
