@@ -98,7 +98,7 @@ class Router:
             )
             for pool in settings.pools
         }  # fmt: skip
-        self.sessions = SessionTable(bus.js, self.affinity, settings.router_id)
+        self.sessions = SessionTable(bus.js, self.affinity)
         self.policies = policies
         self.fleet = Fleet(bus.js, settings.dead_after)
         self.outstanding: dict[str, Outstanding] = {}

@@ -60,10 +60,9 @@ class _Write:
 
 
 class SessionTable:
-    def __init__(self, js: JetStreamContext, affinity: dict[str, Affinity], router: str) -> None:
+    def __init__(self, js: JetStreamContext, affinity: dict[str, Affinity]) -> None:
         self.js = js
         self.affinity = affinity
-        self.router = router
         self._kv: KeyValue | None = None
         self._watcher: KeyValue.KeyWatcher | None = None
         self._revisions: dict[str, int] = {}

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 
 from switchyard.config import Settings
+from switchyard.scheduling.affinity import Policy
 
 
 class RouterSettings(Settings):
@@ -25,7 +25,7 @@ class RouterSettings(Settings):
     # A worker is overloaded above (1 + load_epsilon) x the pool's mean load per slot (in
     # tokens): new work avoids it and, once that lasts `move_hold`, one session moves off.
     load_epsilon: float = Field(default=0.15, gt=0, description="bounded-load slack, load")
-    routing_policy: Literal["switchyard", "least_loaded", "round_robin"] = Field(
+    routing_policy: Policy = Field(
         default="switchyard", description="how a request's worker is chosen (scheduling/affinity)"
     )
     prefix_weight: float = Field(

@@ -53,7 +53,6 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -80,6 +79,7 @@ from switchyard.engines.sim import pseudo_tokens
 from switchyard.errors import DecodeError
 from switchyard.fleet import UNMETERED, FleetSpec, Pool, env_of, launch
 from switchyard.messages.inference import GenerateResult
+from switchyard.scheduling.affinity import POLICIES, Policy
 
 __all__ = [  # the agent workload's constants, imported from here by older callers
     "FRAME",
@@ -92,8 +92,6 @@ __all__ = [  # the agent workload's constants, imported from here by older calle
     "run_route_bench",
 ]
 
-Policy = Literal["round_robin", "least_loaded", "switchyard"]
-POLICIES: tuple[Policy, ...] = ("round_robin", "least_loaded", "switchyard")
 
 POOL = "route"
 REQUEST_TIMEOUT = 300.0  # s without a frame before a request counts as failed

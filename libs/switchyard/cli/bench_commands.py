@@ -79,15 +79,10 @@ def route_cmd(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """The real router's policies side by side on sim workers: cache hits, balance, TTFT."""
-    from switchyard.bench.route import (
-        POLICIES,
-        Policy,
-        PolicyResult,
-        RouteConfig,
-        run_route_bench,
-    )
+    from switchyard.bench.route import PolicyResult, RouteConfig, run_route_bench
     from switchyard.bench.routeload import WORKLOADS
     from switchyard.logging import configure
+    from switchyard.scheduling.affinity import POLICIES, Policy
 
     if workload not in WORKLOADS:
         raise typer.BadParameter(f"--workload must be one of {', '.join(WORKLOADS)}")

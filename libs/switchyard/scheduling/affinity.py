@@ -49,9 +49,9 @@ from switchyard.messages.inference import ChatMessage, Image, TextPart
 from switchyard.token_estimate import FRAMING_TOKENS, estimate_text_tokens
 
 Policy = Literal["switchyard", "least_loaded", "round_robin"]
-POLICIES: tuple[Policy, ...] = ("switchyard", "least_loaded", "round_robin")
+POLICIES: tuple[Policy, ...] = ("round_robin", "least_loaded", "switchyard")
 
-Reason = Literal["sticky", "new", "prefix", "dead", "drain", "load", "balance"]
+Reason = Literal["sticky", "new", "prefix", "dead", "drain", "load"]
 
 BLOCK_CHARS = 256  # ~64-85 tokens: the granularity at which prefixes are compared
 MAX_BLOCKS = 256  # a prompt's first 64k characters are enough to tell prefixes apart
@@ -211,9 +211,8 @@ class Affinity:
         self, workers: Sequence[WorkerLoad], tokens: float, session: str | None,
         blocks: Sequence[Block], now: float,
     ) -> Decision | None:  # fmt: skip
-        """The worker for a request of `tokens` (prompt + `w_out` x max_tokens), or None
-        when it must wait (nobody eligible has credit). Pure: `commit` records a
-        dispatched decision."""
+        """The worker for a request of `tokens` (prompt + max_tokens), or None when it must
+        wait (nobody eligible has credit). Pure: `commit` records a dispatched decision."""
         eligible = [w for w in workers if not w.draining]
         if not eligible:
             return None
@@ -227,13 +226,12 @@ class Affinity:
             if not free:
                 return None
             return Decision(min(free, key=_least).worker, "new", session, False)
-        return self._switchyard(workers, free, tokens, session, blocks, now)
+        return self._switchyard(workers, eligible, free, tokens, session, blocks, now)
 
     def _switchyard(
-        self, workers: Sequence[WorkerLoad], free: list[WorkerLoad], tokens: float,
-        session: str | None, blocks: Sequence[Block], now: float,
+        self, workers: Sequence[WorkerLoad], eligible: list[WorkerLoad], free: list[WorkerLoad],
+        tokens: float, session: str | None, blocks: Sequence[Block], now: float,
     ) -> Decision | None:  # fmt: skip
-        eligible = [w for w in workers if not w.draining]
         route = self.routes.get(session) if session is not None else None
         if route is not None and now - route.written > self.ttl:
             route = None
