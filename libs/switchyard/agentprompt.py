@@ -1,16 +1,63 @@
-"""The agent step's prompt layout and frame geometry, shared by the preprocessor and clients.
+"""The agent step's prompt layouts and frame geometry, shared by the preprocessor and clients.
 
-    [system][text action history][previous frame][current frame][query]
+Three layouts (`AgentLayout`), chosen per pool and tenant by the preprocessor
+(`SY_AGENT_LAYOUT`, `SY_AGENT_WINDOW`, `SY_AGENT_TENANT_LAYOUTS`); the client's
+step (`AgentStep`) is the same for all of them:
 
-The system prompt is byte-identical for every step of every episode and the
-history only grows at its end, so step k+1 starts with everything of step k up
-to the end of step k's history. Actions enter the prompt as text (a few tokens
-each), never as old frames (about a thousand tokens each).
+    pair    [system][goal, action history][previous frame][current frame][query]
+    single  [system][goal, action history][current frame][query]
+    window  [system][goal, actions before the window][frame c][action c]...
+            [frame k-1][action k-1][frame k][query]
 
-A known limit of this layout (measured by `sy agent-sim`): the previous frame
-sits *after* a history that grew by one line, so its KV position changed and a
-positional prefix cache cannot serve it. What its stable hash still saves is
-the vision encoder's work (vLLM caches encoder outputs by multimodal uuid).
+What all three keep: the system prompt is byte-identical for every step of
+every episode (one per layout), the goal is fixed per episode, and actions
+enter the prompt as text (a few tokens each), never as old frames.
+
+`pair`: the history only grows at its end, so step k+1 starts with everything
+of step k up to the end of step k's history. Its known limit: the previous
+frame sits *after* a history that grew by one line, so its KV position changed
+and a positional prefix cache cannot serve it - both frames are prefilled at
+every step. What its stable hash still saves is the vision encoder's work
+(vLLM caches encoder outputs by multimodal uuid). Kept for models trained on it.
+
+`single`: the same sharing with one frame, so one frame less to prefill and carry.
+
+`window`: append-only within a window of at most W frames. Step k's prompt is
+step k-1's without its trailing query, plus action k-1, frame k and the query,
+so between compactions everything up to frame k-1 is a cached prefix and only
+the last action, the new frame and the query are prefilled. Every W frames the
+window compacts (`window_start`): its frames leave the prompt, their actions
+join the text history, and the first step of the new window shares the system
+prompt, the goal and the actions before the old window. The client sends only
+the current frame (and maybe the previous one); the preprocessor keeps each
+session's window (`services/preprocessor/window.py`). What it costs: a prompt,
+and the KV a session holds, grows to W frames, and every request carries the
+bytes of all its window's frames over the bus.
+
+The actions are the client's history, the source of truth: its last entry is
+the action of step `step - 1`, the one before it of `step - 2`, and so on, so a
+client may send only the tail of a long history. A window action the history
+does not reach is written `(not reported)`.
+
+Measured with the sim engine's pseudo-tokenizer and 16-token KV blocks (what
+its prefix cache can serve, with unbounded cache), 20-step episode, 1280x720
+frames (1260x700 after `fit`, 1,127 tokens each), JSON actions
+(`python -m switchyard.bench.layoutcost --write`; `tests/unit/test_agentprompt_layouts.py`
+recomputes this table):
+
+| layout | W | prompt tokens, mean / max | prefill per step, mean (min-max) | ideal hit rate |
+| --- | --- | --- | --- | --- |
+| pair | - | 2,578 / 2,870 | 2,297 (2,287-2,318) | 13.2 % |
+| single | - | 1,504 / 1,739 | 1,170 (1,159-1,195) | 22.7 % |
+| window | 4 | 3,217 / 5,142 | 1,187 (1,159-1,260) | 64.2 % |
+| window | 8 | 5,021 / 9,545 | 1,188 (1,159-1,340) | 77.2 % |
+
+Prefill per step is over steps 1-19, hit rate = cached / prompt tokens over
+the same steps. `single` and `window` prefill the same (one new frame and a line
+of text; a window's compaction adds its actions' lines), half of `pair`: at the
+sim's A100 calibration (0.11 ms per uncached token) about 130 ms instead of 250.
+What `window` buys is context - the model sees up to W frames for the prefill of
+one - and what it pays is KV: a session holds its whole prompt, up to W frames.
 
 Geometry lives here too because both sides need it: the preprocessor resizes
 with `fit`, and whoever executes an action maps its coordinates back with
@@ -22,22 +69,44 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from switchyard.messages.agent import AgentStep, parse_answer
+from switchyard.agentactions import encode_answer, map_points, parse_answer_text
+from switchyard.messages.agent import ActionFormat, AgentStep, parse_answer
 from switchyard.messages.inference import ChatMessage, FrameGeometry, Image, ImagePart, TextPart
 
 # Qwen2.5-VL: 14 px patches merged 2x2, so one visual token per 28x28 square.
 PATCH_PX = 28
 
-SYSTEM_PROMPT = (
-    "You are an agent that plays a mobile game on a cloud phone. Each step you see "
-    "the previous and the current screenshot and the actions taken so far. Answer "
-    "with the next action as compact JSON and nothing else: click x,y; long_press "
-    "x,y,ms; swipe x1,y1,x2,y2,ms; type text; back; wait ms; done. Coordinates are "
-    "pixels of the current screenshot, origin top left. Never tap ads or purchases; "
-    "close pop-ups; wait while a spinner shows; do not explain."
-)
+AgentLayout = Literal["pair", "single", "window"]
+LAYOUTS: tuple[AgentLayout, ...] = ("pair", "single", "window")
+# The most frames a window holds: GenerateRequest.images and the parts of one
+# message are capped to match (the bytes are checked by the preprocessor).
+MAX_WINDOW = 16
+
+_SEES: dict[AgentLayout, str] = {
+    "pair": "the previous and the current screenshot and the actions taken so far",
+    "single": "the current screenshot and the actions taken so far",
+    "window": (
+        "the screenshots of the last few steps, each followed by the action taken on "
+        "it, then the current screenshot; earlier actions are listed as text"
+    ),
+}
+
+
+def _system_prompt(layout: AgentLayout) -> str:
+    return (
+        "You are an agent that plays a mobile game on a cloud phone. Each step you see "
+        f"{_SEES[layout]}. Answer "
+        "with the next action as compact JSON and nothing else: click x,y; long_press "
+        "x,y,ms; swipe x1,y1,x2,y2,ms; type text; back; wait ms; done. Coordinates are "
+        "pixels of the current screenshot, origin top left. Never tap ads or purchases; "
+        "close pop-ups; wait while a spinner shows; do not explain."
+    )
+
+
+SYSTEM_PROMPTS: dict[AgentLayout, str] = {layout: _system_prompt(layout) for layout in LAYOUTS}
+SYSTEM_PROMPT = SYSTEM_PROMPTS["pair"]
 
 
 def fit(width: int, height: int, max_pixels: int, patch: int = PATCH_PX) -> tuple[int, int]:
@@ -81,12 +150,19 @@ class Geometry:
 _POINTS = (("x", "y"), ("x1", "y1"), ("x2", "y2"))
 
 
-def answer_to_original(text: str, geometry: Geometry) -> str:
-    """An answer with every coordinate mapped from resized to original pixels.
+def answer_to_original(text: str, geometry: Geometry, action_format: ActionFormat = "json") -> str:
+    """An answer with every coordinate mapped from resized to original pixels, in its own
+    format (`compact` lines stay lines; JSON keeps its shape and its thought).
 
     Text that is not a valid answer is returned unchanged: the client's own
     validation reports it, and a half-mapped answer would be worse than none.
     """
+    if action_format == "compact":
+        try:
+            answer = parse_answer_text(text, "compact")
+        except ValueError:
+            return text
+        return encode_answer(map_points(answer, geometry.to_original), "compact")
     try:
         parse_answer(text)
         obj: Any = json.loads(text)
@@ -100,18 +176,73 @@ def answer_to_original(text: str, geometry: Geometry) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
-def history_text(goal: str, history: list[str]) -> str:
+def history_text(goal: str, history: list[str], first: int = 0) -> str:
+    """Goal and actions as text, the actions numbered from `first`."""
     # The goal is fixed per episode, so it belongs to the reusable prefix too.
-    lines = "\n".join(f"{k}: {a}" for k, a in enumerate(history)) or "(none yet)"
+    lines = "\n".join(f"{first + k}: {a}" for k, a in enumerate(history)) or "(none yet)"
     return f"Goal: {goal or 'play'}\nActions so far:\n{lines}\n"
 
 
-def build_messages(step: AgentStep, frames: list[Image]) -> list[ChatMessage]:
-    """Messages for one step; `frames` are the prepared frames, oldest first."""
-    parts: list[TextPart | ImagePart] = [TextPart(text=history_text(step.goal, step.history))]
-    parts += [ImagePart(hash=f.hash) for f in frames]
+def window_start(previous: int | None, step: int, window: int) -> int:
+    """The step a window layout's prompt starts its frames at, for step `step`.
+
+    `previous` is the start the session's step `step - 1` used, or None when it
+    is unknown (first step, a lost or expired window, steps not consecutive):
+    then the window restarts at `step`, as it does when it already holds
+    `window` frames (compaction). So a session's windows are [0, W), [W, 2W),
+    ... until something restarts one.
+    """
+    if previous is None or previous > step - 1 or step - previous >= window:
+        return step
+    return previous
+
+
+def _action(history: list[str], step: int, s: int) -> str:
+    back = step - s  # history[-1] is the action of step - 1
+    return history[-back] if 0 < back <= len(history) else "(not reported)"
+
+
+def _window_parts(step: AgentStep, frames: list[Image]) -> list[TextPart | ImagePart]:
+    start = step.step - len(frames) + 1
+    if start < 0:
+        raise ValueError(f"step {step.step} cannot have a window of {len(frames)} frames")
+    # The history entries of steps before the window, numbered by step, so the
+    # text of steps before `start` stays byte-identical while the history grows.
+    before = max(0, len(step.history) - (step.step - start))
+    first = step.step - len(step.history)
+    parts: list[TextPart | ImagePart] = [
+        TextPart(text=history_text(step.goal, step.history[:before], max(0, first)))
+    ]
+    for s, frame in enumerate(frames[:-1], start):
+        parts += [
+            ImagePart(hash=frame.hash),
+            TextPart(text=f"{s}: {_action(step.history, step.step, s)}\n"),
+        ]
+    return [*parts, ImagePart(hash=frames[-1].hash)]
+
+
+def build_messages(
+    step: AgentStep, frames: list[Image], layout: AgentLayout = "pair"
+) -> list[ChatMessage]:
+    """Messages for one step in `layout`; `frames` are the prepared frames, oldest first.
+
+    `pair`: the frames the step carried (previous and current, or the current
+    alone). `single`: the current frame only. `window`: the window's frames, of
+    steps `step.step - len(frames) + 1` .. `step.step`.
+    """
+    if not frames:
+        raise ValueError("a step needs at least its current frame")
+    if layout == "single" and len(frames) != 1:
+        raise ValueError(f"the single layout takes the current frame only, got {len(frames)}")
+    if layout == "window":
+        if len(frames) > MAX_WINDOW:
+            raise ValueError(f"a window holds at most {MAX_WINDOW} frames, got {len(frames)}")
+        parts = _window_parts(step, frames)
+    else:
+        parts = [TextPart(text=history_text(step.goal, step.history))]
+        parts += [ImagePart(hash=f.hash) for f in frames]
     parts.append(TextPart(text=f"Step {step.step}: next action?"))
     return [
-        ChatMessage(role="system", content=SYSTEM_PROMPT),
+        ChatMessage(role="system", content=SYSTEM_PROMPTS[layout]),
         ChatMessage(role="user", content=parts),
     ]

@@ -72,7 +72,7 @@ def _result(
     fields: dict[str, object],
 ) -> GenerateResult:
     fields.setdefault("timings", Timings(queue=max(0.0, now - since), total=max(0.0, now - since)))
-    if status in ("cancelled", "expired", "stale"):
+    if status in ("cancelled", "expired", "stale", "superseded"):
         fields.setdefault("finish_reason", "abort")
     return GenerateResult(
         tenant=message.tenant,

@@ -21,9 +21,11 @@ ErrorCode = Literal[
     "no_capacity",
     "expired",  # deadline passed
     "stale",  # agent frame older than its budget
+    "superseded",  # a newer step of the same agent session replaced it before it started
     "cancelled",
     "invalid_request",
     "engine_error",
+    "answer_cut",  # an agent answer stopped at max_tokens or not in the step's action format
     "context_length",
     "rejected_sql",
     "db_error",

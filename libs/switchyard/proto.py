@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.messages.agent import AgentStep
+from switchyard.messages.agentwindow import WindowFrame
 from switchyard.messages.deadletter import DeadLetter
 from switchyard.messages.fleet import Assignment, SessionRoute, TenantStatus, WorkerHeartbeat
 from switchyard.messages.idempotency import Claim
@@ -25,6 +26,7 @@ from switchyard.messages.inference import (
     ErrorInfo,
     GenerateRequest,
     GenerateResult,
+    NewestStep,
     TokenFrame,
 )
 from switchyard.messages.sql import (
@@ -45,6 +47,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     GenerateResult,
     TokenFrame,
     Cancel,
+    NewestStep,
     ErrorInfo,
     SqlAnswer,
     SqlAsk,
@@ -60,6 +63,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     SessionRoute,
     TenantStatus,
     Claim,
+    WindowFrame,
 )
 
 
@@ -103,6 +107,9 @@ CHANNELS: tuple[Channel, ...] = (
             "core NATS", ("sqlflow",), ("edge", "client")),
     Channel("cancel", "cancel.{requestId}", (Cancel,), "Cancel a queued or running request.",
             "core NATS", ("edge", "client"), ("router", "worker")),
+    Channel("supersede", "supersede.{tenant}", (NewestStep,),
+            "A session's newest admitted agent step: older steps not yet started are "
+            "answered superseded.", "core NATS", ("router",), ("router", "worker")),
     Channel("sqlValidate", "svc.sql.validate", (ValidateRequest, ValidateReply, ErrorInfo),
             "Request/reply: validate SQL for a tenant.", "core NATS",
             ("sqlflow",), ("validator",)),
@@ -126,6 +133,9 @@ CHANNELS: tuple[Channel, ...] = (
     Channel("idempotency", "$KV.idempotency.{tenant}.{keyHash}", (Claim,),
             "Idempotency-Key -> the request that owns it and, once done, its result (KV, create).",
             "KV idempotency", ("edge",), ("edge",)),
+    Channel("agentWindows", "$KV.agent_windows.{pool}.{tenant}.{session}.{step}", (WindowFrame,),
+            "An agent session's window frames, one per step, for the window layout (KV with TTL).",
+            "KV agent_windows", ("preprocessor",), ("preprocessor",)),
 )  # fmt: skip
 
 

@@ -52,6 +52,11 @@ def cancel(request_id: str) -> str:
     return f"cancel.{_token(request_id, 'request id')}"
 
 
+def supersede(tenant: str) -> str:
+    """Core NATS: a session's newest agent step (`NewestStep`), for routers and workers."""
+    return f"supersede.{_token(tenant, 'tenant')}"
+
+
 def dead_letter(subject: str) -> str:
     return f"dlq.{subject}"
 
@@ -68,4 +73,5 @@ SQL_VALIDATE = "svc.sql.validate"
 SQL_EXECUTE = "svc.sql.execute"
 SQL_EXPLAIN = "svc.sql.explain"
 CANCEL_ALL = "cancel.*"
+SUPERSEDE_ALL = "supersede.*"
 RES_ALL = "res.>"  # every result, of every workload and tenant

@@ -21,8 +21,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from services.edge.errors import ApiError
+from switchyard.agentactions import parse_answer_text
 from switchyard.envelope import SessionId, UnixTime
-from switchyard.messages.agent import Action, StepOptions, parse_answer
+from switchyard.messages.agent import Action, StepOptions
 from switchyard.messages.inference import ErrorInfo, GenerateResult, Usage
 
 MAX_FRAMES = 2
@@ -56,6 +57,11 @@ class _StepFields(BaseModel):
 
     session: SessionId = Field(description="episode id (session affinity, KV reuse)")
     frame_ts: UnixTime = Field(description="Unix seconds the (current) frame was captured")
+    sent_at: UnixTime | None = Field(
+        default=None,
+        description="Unix seconds on the client's clock when it sent the step: lets the "
+        "fleet estimate that clock's offset, so a skewed clock neither drops nor passes frames",
+    )
     step: int = Field(default=0, ge=0)
     stale_after: float = Field(default=2.0, gt=0, le=3600, description="frame age budget, s")
     goal: Annotated[str, StringConstraints(max_length=2048)] = ""
@@ -87,7 +93,10 @@ class AgentStepResponse(BaseModel):
     session: str
     step: int
     frame_ts: float
-    answer: Any = Field(description="the action JSON exactly as constrained (answer_schema)")
+    answer: Any = Field(
+        description="the answer exactly as constrained: the action JSON (answer_schema), or "
+        "for action_format `compact` its text, one action a line"
+    )
     actions: list[Action]
     thought: str | None = None
     worker: str | None = None
@@ -174,7 +183,7 @@ def parse_multipart(content_type: str, raw: bytes) -> StepInput:
             values[name] = text
     if history:
         values["history"] = history
-    for number in ("frame_ts", "stale_after"):
+    for number in ("frame_ts", "sent_at", "stale_after"):
         if number in values:
             values[number] = _number(values[number], number, float)
     if "step" in values:
@@ -202,18 +211,21 @@ def replay_failure(result: GenerateResult) -> ApiError:
 def response_of(
     result: GenerateResult, fields: _StepFields, edge_seconds: float, now: float
 ) -> AgentStepResponse:
+    fmt = fields.options.action_format
     try:
-        answer = json.loads(result.text)
-        actions = parse_answer(result.text)
+        parsed = parse_answer_text(result.text, fmt)
+        # JSON: the object as the model wrote it; compact: its lines, as one string.
+        answer = json.loads(result.text) if fmt == "json" else result.text
     except ValueError:
+        # The worker refuses such answers (`answer_cut`); a result that got past it anyway
+        # (an older worker) is refused the same way here.
         raise ApiError(
-            502, "the model's answer is not a valid action", "server_error", "engine_error"
+            502, f"the model's answer is not a valid {fmt} answer", "server_error", "answer_cut"
         ) from None
-    thought = answer.get("thought") if isinstance(answer, dict) else None
     return AgentStepResponse(
         request_id=result.request_id, status="ok", session=fields.session, step=fields.step,
-        frame_ts=fields.frame_ts, answer=answer, actions=actions,
-        thought=thought if isinstance(thought, str) else None, worker=result.worker,
+        frame_ts=fields.frame_ts, answer=answer, actions=list(parsed.actions),
+        thought=parsed.thought, worker=result.worker,
         usage=result.usage,
         timings=StepTimings(
             edge=edge_seconds, queue=result.timings.queue, ttft=result.timings.ttft,
@@ -259,11 +271,15 @@ def openapi_request_body() -> dict[str, Any]:
             },
             "session": {"type": "string", "pattern": r"^[A-Za-z0-9_-]{1,64}$"},
             "frame_ts": {"type": "number", "minimum": 0},
+            "sent_at": {"type": "number", "minimum": 0},
             "step": {"type": "integer", "minimum": 0},
             "stale_after": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
             "goal": {"type": "string", "maxLength": 2048},
             "history": {"type": "array", "items": {"type": "string", "maxLength": 512}},
-            "options": {"type": "string", "description": "JSON object: chunk, thought, max_tokens"},
+            "options": {
+                "type": "string",
+                "description": "JSON object: chunk, thought, action_format, max_tokens",
+            },
         },
         "required": ["frames", "session", "frame_ts"],
     }

@@ -31,10 +31,15 @@ STATUS: dict[ErrorCode, tuple[int, str]] = {
     "over_quota": (429, "rate_limit_error"),
     "no_capacity": (503, "service_unavailable_error"),
     "stale": (408, "timeout_error"),
+    # A newer step of the same agent session replaced it before it ran: that one's answer
+    # is the one to act on.
+    "superseded": (409, "invalid_request_error"),
     "timeout": (408, "timeout_error"),  # queued too long / stream went silent
     "expired": (504, "timeout_error"),  # the request's deadline passed
     "cancelled": (499, "cancelled_error"),
     "engine_error": (502, "server_error"),
+    # An agent answer stopped at max_tokens or not an action: never passed on in part.
+    "answer_cut": (502, "server_error"),
     "db_error": (502, "server_error"),
     "internal": (500, "server_error"),
 }

@@ -1,10 +1,13 @@
 """Agent steps from `agent.in.<tenant>` become generate requests on `req.agent.<tenant>`.
 
-A step is decoded, its frames prepared (`frames.py`), its prompt laid out
-(`layout.py`), and published with the same id, so dedupe, cancel and the
+A step is decoded, its frames prepared (`frames.py`), its prompt laid out in
+its tenant's layout (`layout.py`; a window's earlier frames from `window.py`),
+and published with the same id, so dedupe, cancel and the
 result follow the step. Every step is answered: a frame that is hostile or
 corrupt gets a typed `rejected` answer on the step's reply inbox and on `RES`,
-a step whose frame is already older than its budget gets `stale`, and a
+a step whose frame is already older than its budget gets `stale` (its age on
+the fleet's clock: the session's client clock offset is estimated from its
+steps, `clock.py`, and travels on the request as `clock_offset`), and a
 message that is not a step at all is dead-lettered and, when its reply inbox
 can still be read, told why.
 """
@@ -18,27 +21,31 @@ import time
 import msgpack
 from nats.aio.msg import Msg
 
+from services.preprocessor import metrics
+from services.preprocessor.clock import ClockOffsets
 from services.preprocessor.frames import FramePreparer
 from services.preprocessor.images import FrameLimits, FrameRejected, PreparedFrame
 from services.preprocessor.layout import estimate_prompt_tokens
 from services.preprocessor.settings import PreprocessorSettings
+from services.preprocessor.window import Window, WindowStore, assemble, remember
 from switchyard import subjects
-from switchyard.agentprompt import build_messages
+from switchyard.agentactions import answer_token_budget
+from switchyard.agentprompt import AgentLayout, build_messages
 from switchyard.answers import answer, refusal_for
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import PullLoop, RetryPolicy
 from switchyard.bus.publish import publish
 from switchyard.codec import decode
 from switchyard.envelope import Envelope
-from switchyard.errors import DecodeError, ErrorCode
+from switchyard.errors import DecodeError, ErrorCode, SwitchyardError
 from switchyard.logging import bind_request, get_logger
-from switchyard.messages.agent import AgentStep, answer_schema
+from switchyard.messages.agent import AgentStep, StepOptions
 from switchyard.messages.inference import (
+    ActionsConstraint,
     ErrorInfo,
     FrameGeometry,
     GenerateRequest,
     Image,
-    JsonSchemaConstraint,
     ResultStatus,
     Sampling,
 )
@@ -65,24 +72,45 @@ def to_image(frame: PreparedFrame) -> Image:
     )  # fmt: skip
 
 
+def answer_limits(
+    opts: StepOptions, settings: PreprocessorSettings
+) -> tuple[Sampling, ActionsConstraint]:
+    """What the model may write for a step (its format, chunk and thought) and `max_tokens`
+    derived from it: the longest valid answer's tokens and a margin
+    (`agentactions.answer_token_budget`), so an answer is never cut. A client asking for
+    less gets that need; one asking for more gets it up to `agent_max_tokens`."""
+    thought = opts.thought and settings.allow_thought
+    need = answer_token_budget(opts.action_format, opts.chunk, thought)
+    asked = need if opts.max_tokens is None else min(opts.max_tokens, settings.agent_max_tokens)
+    constraint = ActionsConstraint(action_format=opts.action_format, chunk=opts.chunk,
+                                   thought=thought)  # fmt: skip
+    return Sampling(max_tokens=max(need, asked)), constraint
+
+
 def to_generate(
-    step: AgentStep, frames: list[PreparedFrame], settings: PreprocessorSettings
+    step: AgentStep,
+    frames: list[PreparedFrame],
+    settings: PreprocessorSettings,
+    layout: AgentLayout | None = None,
 ) -> GenerateRequest:
+    """The request for `step`; `frames` are the ones `layout` lays out (default: the tenant's).
+
+    The images are exactly the prompt's frames, so the prompt-token estimate
+    and the bytes on the bus follow the layout.
+    """
     images = [to_image(f) for f in frames]
-    messages = build_messages(step, images)
+    messages = build_messages(step, images, layout or settings.layout_for(step.tenant).layout)
     opts = step.options
+    sampling, constraint = answer_limits(opts, settings)
     g = frames[-1].geometry  # the model answers in the current frame's resized pixels
     return GenerateRequest(
         id=step.id, tenant=step.tenant, created_at=step.created_at, deadline=step.deadline,
         priority=step.priority, session=step.session, frame_ts=step.frame_ts,
         reply=step.reply, trace=step.trace, workload="agent", pool=settings.agent_pool,
         messages=messages, images=images, prepared_at=time.time(),
-        sampling=Sampling(max_tokens=min(opts.max_tokens, settings.agent_max_tokens)),
-        constraint=JsonSchemaConstraint(
-            json_schema=answer_schema(opts.chunk, opts.thought and settings.allow_thought)
-        ),
+        sampling=sampling, constraint=constraint,
         prompt_tokens=estimate_prompt_tokens(messages, images),
-        stale_after=step.stale_after,
+        stale_after=step.stale_after, step=step.step,
         frame_geometry=FrameGeometry(
             orig_width=g.orig_width, orig_height=g.orig_height, width=g.width, height=g.height
         ),
@@ -100,6 +128,14 @@ async def _refuse(
     await answer(bus.nc, bus.js, refusal_for(step, "agent", pool, status, error), step.reply)
 
 
+def _stored_at(msg: Msg) -> float:
+    """When INGRESS stored `msg` (the fleet's clock); now if it carries no such time."""
+    try:
+        return msg.metadata.timestamp.timestamp()
+    except Exception:  # not a JetStream delivery: nothing better than now
+        return time.time()
+
+
 def _envelope_of_undecodable(data: bytes) -> Envelope | None:
     """Enough of a broken step to answer it (id, tenant, reply), if those parts are sound."""
     with contextlib.suppress(Exception):
@@ -111,24 +147,56 @@ def _envelope_of_undecodable(data: bytes) -> Envelope | None:
 
 
 async def run_agent(bus: Bus, stop: asyncio.Event, settings: PreprocessorSettings) -> None:
+    # The most one request may weigh: our own limit, and the server's if it is lower.
+    budget = min(settings.max_message_bytes, bus.nc.max_payload)
+    problem = settings.window_problem(budget)
+    if problem is not None:
+        raise SwitchyardError(problem, code="oversized")
+    windows = WindowStore(bus.js, settings.agent_pool, settings.agent_window_cache_mb << 20)
+    uses_window = settings.agent_layout == "window" or any(
+        t.layout == "window" for t in settings.agent_tenant_layouts.values()
+    )
+    if uses_window:
+        await windows.open()
     preparer = FramePreparer(limits_from(settings), settings.frame_procs, settings.frame_cache)
     await preparer.warm_up()
+    offsets = ClockOffsets()
 
     async def on_step(msg: Msg) -> None:
         step = decode(msg.data, AgentStep, max_bytes=settings.max_message_bytes)
         with bind_request(step.id, step.tenant, step.trace):
-            age = time.time() - step.frame_ts
+            # Staleness on the fleet's clock: the frame's capture time moved by the
+            # session's estimated client clock offset (clock.py), here and downstream.
+            sent = step.sent_at if step.sent_at is not None else step.created_at
+            offset = offsets.observe(step.tenant, step.session, sent, _stored_at(msg))
+            metrics.CLOCK_OFFSET.observe(abs(offset))
+            age = time.time() - (step.frame_ts + offset)
             if age > step.stale_after:
                 reason = f"frame is {age:.3f}s old at preprocessing, budget {step.stale_after:.3f}s"
+                metrics.STALE.inc()
                 await _refuse(bus, step, settings.agent_pool, "stale", "stale", reason)
                 return
-            prepared = await preparer.prepare_all([f.data for f in step.frames])
+            choice = settings.layout_for(step.tenant)
+            # `single` and `window` lay out the current frame only (a window's earlier
+            # frames come from its store): the previous one is never decoded.
+            raw = step.frames if choice.layout == "pair" else step.frames[-1:]
+            prepared = await preparer.prepare_all([f.data for f in raw])
             if isinstance(prepared, FrameRejected):
                 log.info("agent.frame_rejected", code=prepared.code, reason=prepared.reason)
                 pool = settings.agent_pool
                 await _refuse(bus, step, pool, "rejected", prepared.code, prepared.reason)
                 return
-            req = to_generate(step, prepared, settings)
+            win: Window | None = None
+            if choice.layout == "window":
+                win = await assemble(windows, step, prepared[-1], choice.window, budget)
+                prepared = win.frames
+            req = to_generate(step, prepared, settings, choice.layout).model_copy(
+                update={"clock_offset": offset}  # clamped by `observe` to the field's range
+            )
+            if win is not None:
+                # Stored before the request leaves: the session's next step comes after
+                # this one's answer, so it always finds this frame (a ms of KV put).
+                await remember(windows, step, win)
             await publish(bus.js, subjects.req("agent", req.tenant), req, msg_id=req.id)
 
     async def on_give_up(msg: Msg, code: ErrorCode, reason: str) -> None:

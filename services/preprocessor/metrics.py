@@ -19,3 +19,20 @@ BYTES_OUT = Counter("sy_preprocessor_frame_output_bytes_total", "Re-encoded fram
 # `code` is an ErrorCode (a fixed set).
 REJECTED = Counter("sy_preprocessor_frames_rejected_total", "Frames refused", ["code"])
 CACHE_HITS = Counter("sy_preprocessor_frame_cache_hits_total", "Frames served from the cache")
+# Agent steps answered `stale` here, before any work on their frames.
+STALE = Counter("sy_preprocessor_stale_answers_total", "Agent steps answered stale on arrival")
+# |fleet clock - client clock| as estimated per session (clock.py): a phone fleet whose
+# clocks drift shows here before its steps start going stale.
+CLOCK_OFFSET = Histogram(
+    "sy_preprocessor_client_clock_offset_seconds",
+    "Absolute estimated client clock offset of each agent step's session",
+    buckets=LATENCY_BUCKETS,
+)
+# How each `window`-layout step's window came about (window.py): `restarted` and
+# `oversized` are windows lost (expired, another replica's write failed, steps not
+# consecutive) or too big for a message; each costs one step a compaction's prefill.
+WINDOWS = Counter(
+    "sy_preprocessor_agent_window_decisions_total",
+    "Window-layout agent steps, by how their window was built",
+    ["outcome"],
+)

@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from services.preprocessor.layout import LayoutChoice, window_fits
+from switchyard.agentprompt import MAX_WINDOW, AgentLayout
 from switchyard.config import Settings
+from switchyard.envelope import TenantId
+
+
+class TenantLayout(BaseModel):
+    """A tenant's own prompt layout and window, where it differs from the pool's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layout: AgentLayout | None = None
+    window: int | None = Field(default=None, ge=1, le=MAX_WINDOW)
 
 
 class PreprocessorSettings(Settings):
@@ -30,6 +42,44 @@ class PreprocessorSettings(Settings):
     # Prepared frames remembered by raw-bytes digest: a step's previous frame was
     # the step before's current frame, so it is decoded once per episode, not twice.
     frame_cache: int = Field(default=256, ge=0)
-    # Hard cap on an agent answer's tokens, whatever the step asks for.
+    # The most max_tokens a step may ask for. What its action format and chunk need
+    # (`agentactions.answer_token_budget`) is always granted, so an answer is never cut.
     agent_max_tokens: int = Field(default=64, ge=8, le=512)
     allow_thought: bool = True
+
+    # --- prompt layout (switchyard.agentprompt): the pool's, and tenants' own ---
+    agent_layout: AgentLayout = "pair"
+    # W: frames a `window` prompt holds before it compacts. A vLLM worker of the pool must
+    # accept that many images per prompt (SY_VLLM_LIMIT_MM_PER_PROMPT='{"image": W}').
+    agent_window: int = Field(default=8, ge=1, le=MAX_WINDOW)
+    # Per tenant, e.g. SY_AGENT_TENANT_LAYOUTS='{"acme": {"layout": "window", "window": 4}}'.
+    # Here and not in the router's tenant policy file: the preprocessor alone lays out
+    # prompts, and whether a window fits a message depends on its frame settings.
+    agent_tenant_layouts: dict[TenantId, TenantLayout] = {}
+    # Window frames this replica keeps in memory besides KV `agent_windows` (MiB): a
+    # session's next step, when it comes back here, reads its window without the bus.
+    agent_window_cache_mb: int = Field(default=256, ge=0)
+
+    def layout_for(self, tenant: str) -> LayoutChoice:
+        own = self.agent_tenant_layouts.get(tenant)
+        if own is None:
+            return LayoutChoice(self.agent_layout, self.agent_window)
+        return LayoutChoice(own.layout or self.agent_layout, own.window or self.agent_window)
+
+    def window_problem(self, limit: int) -> str | None:
+        """Why some tenant's window (or the pool's) cannot fit `limit`-byte messages, or None."""
+        choices = {"the pool": LayoutChoice(self.agent_layout, self.agent_window)}
+        choices |= {f"tenant {t}": self.layout_for(t) for t in self.agent_tenant_layouts}
+        for who, c in choices.items():
+            if c.layout == "window":
+                problem = window_fits(c.window, self.max_pixels, self.frame_format, limit)
+                if problem is not None:
+                    return f"{who}: {problem}"
+        return None
+
+    @model_validator(mode="after")
+    def _windows_fit(self) -> PreprocessorSettings:
+        problem = self.window_problem(self.max_message_bytes)
+        if problem is not None:
+            raise ValueError(problem)
+        return self

@@ -7,6 +7,12 @@ A `REQ` message stays unacked while its request waits here (kept alive with
 `in_progress()`); it is acked only after the `WORK` publish is acknowledged, so
 a router crash loses nothing, and the `WORK` publish carries the request id as
 `Nats-Msg-Id`, so a redelivered request is not dispatched twice.
+
+Superseding (agent steps): the router that admits step n of a session publishes
+`NewestStep` on `supersede.<tenant>`; every router (this one too) keeps the newest step per
+session (`requestpolicy.NewestSteps`), so an older step still in any router's queue is
+answered `superseded` at the next sweep, one that arrives after a newer one at admission,
+and workers refuse one dispatched but not yet started the same way.
 """
 
 from __future__ import annotations
@@ -30,12 +36,12 @@ from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import dead_letter, fetch_ready
 from switchyard.bus.publish import publish
 from switchyard.bus.topology import ROUTER_DURABLE
-from switchyard.codec import decode
+from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError
 from switchyard.logging import bind_request, get_logger
-from switchyard.messages.inference import GenerateRequest, GenerateResult
+from switchyard.messages.inference import GenerateRequest, GenerateResult, NewestStep
 from switchyard.partition import fnv1a_32, partition
-from switchyard.requestpolicy import Refusal, Tombstones, verdict
+from switchyard.requestpolicy import NewestSteps, Refusal, Tombstones, verdict
 from switchyard.scheduling.admission import Admission
 from switchyard.scheduling.affinity import Affinity, Block, Decision, WorkerLoad, prefix_blocks
 from switchyard.scheduling.fair import FairQueue, Item
@@ -59,7 +65,7 @@ class Outstanding:
     worker: str
     tenant: str
     max_tokens: int
-    tokens: float  # what it adds to its worker's load (`Router._work`)
+    tokens: float  # what it adds to its worker's load (`Decision.work`)
     at: float
 
 
@@ -71,6 +77,13 @@ def delivery_partition(owned: list[int], key: str, partitions: int) -> int:
     if home in owned:
         return home
     return owned[fnv1a_32(key.encode()) % len(owned)]
+
+
+def _newest_step(req: GenerateRequest) -> NewestStep | None:
+    """The notice that `req` is its session's newest step, if it is an agent step."""
+    if req.session is None or req.step is None:
+        return None
+    return NewestStep(tenant=req.tenant, session=req.session, step=req.step, trace=req.trace)
 
 
 class Router:
@@ -104,6 +117,7 @@ class Router:
         self.outstanding: dict[str, Outstanding] = {}
         self.warm: dict[str, float] = {}  # session -> last dispatch
         self.cancelled = Tombstones()  # cancels of requests not (yet) queued here
+        self.newest = NewestSteps()  # agent sessions' newest admitted step, from every router
         self.labels = metrics.tenant_labels(settings.top_tenants)
         self.queue_gauges = metrics.QueueGauges(self.labels)
         self.wake = asyncio.Event()
@@ -118,6 +132,7 @@ class Router:
         subs = [
             await self.bus.nc.subscribe(subjects.RES_ALL, cb=self._on_result),
             await self.bus.nc.subscribe(subjects.CANCEL_ALL, cb=self._on_cancel),
+            await self.bus.nc.subscribe(subjects.SUPERSEDE_ALL, cb=self._on_newest),
         ]
         tasks = [
             asyncio.create_task(self._intake(stop)),
@@ -184,6 +199,12 @@ class Router:
                 before = Refusal("cancelled", "cancelled", "cancelled before admission")
                 await self._refuse(req, msg, before)
                 return
+            # An older step arriving after a newer one (preprocessors run steps in parallel),
+            # or one already stale or expired, costs no admission tokens.
+            late = verdict(req, time.time(), newest=self.newest.newest(req), where="at admission")
+            if late is not None:
+                await self._refuse(req, msg, late)
+                return
             admitted = self.admission.admit(
                 req.tenant, req.id, req.prompt_tokens, req.sampling.max_tokens, req.priority
             )
@@ -216,7 +237,18 @@ class Router:
                     enqueued_at=now, payload=Queued(stamped, msg, now, blocks),
                 )
             )  # fmt: skip
+            notice = _newest_step(req)
+            if notice is not None and self.newest.see(notice.tenant, notice.session, notice.step):
+                await self._announce(notice)
             self.wake.set()
+
+    async def _announce(self, notice: NewestStep) -> None:
+        """Tell every router and worker that `notice.step` is its session's newest (the
+        sweep that `wake` runs answers this router's older ones)."""
+        try:
+            await self.bus.nc.publish(subjects.supersede(notice.tenant), encode(notice))
+        except Exception as exc:  # best effort: without it an older step merely runs
+            log.warning("router.announce_failed", error=repr(exc))
 
     async def _refuse(self, req: GenerateRequest, msg: Msg, refusal: Refusal) -> None:
         result = result_for(req, refusal.status, refusal.error)
@@ -234,11 +266,6 @@ class Router:
         if req.session:
             return req.session
         return blocks[0].digest.hex() if blocks else req.id
-
-    @staticmethod
-    def _work(req: GenerateRequest) -> float:
-        """The tokens a request adds to its worker's load: prompt + max_tokens."""
-        return req.prompt_tokens + req.sampling.max_tokens
 
     def _loads(self, pool: str) -> dict[str, WorkerLoad]:
         """Every live worker of `pool` that owns a partition (so a request can reach it):
@@ -281,7 +308,12 @@ class Router:
             workers = loads[req.pool]
             session = route_id(req.tenant, req.session) if req.session else None
             decision = self.affinity[req.pool].choose(
-                list(workers.values()), self._work(req), session, item.payload.blocks, now
+                list(workers.values()),
+                req.prompt_tokens,
+                req.sampling.max_tokens,
+                session,
+                item.payload.blocks,
+                now,
             )
             if decision is None or not workers[decision.worker].has_credit:
                 return False
@@ -301,7 +333,7 @@ class Router:
             req = item.payload.req
             was = loads[req.pool][decision.worker]  # this dispatch adds load and takes credit
             loads[req.pool][decision.worker] = dataclasses.replace(
-                was, load=was.load + self._work(req), credit=was.credit - 1
+                was, load=was.load + decision.work, credit=was.credit - 1
             )
 
     async def _dispatch(self, item: Item[Queued], decision: Decision) -> bool:
@@ -312,7 +344,7 @@ class Router:
         now = time.time()
         label = self.labels.peek(req.tenant)  # its traffic was counted at admission
         with bind_request(req.id, req.tenant, req.trace):
-            refusal = verdict(req, now, where="at dispatch")
+            refusal = verdict(req, now, newest=self.newest.newest(req), where="at dispatch")
             if refusal is not None:
                 self.admission.finished(req.id, None)
                 await self._refuse(req, msg, refusal)
@@ -327,7 +359,7 @@ class Router:
                 # not yet registered was dropped and its credit and concurrency held forever.
                 self.outstanding[req.id] = Outstanding(
                     req.pool, worker, req.tenant, req.sampling.max_tokens,
-                    self._work(req), now,
+                    decision.work, now,
                 )  # fmt: skip
                 await publish(self.bus.js, subjects.work(req.pool, part), sent, msg_id=req.id)
                 await msg.ack()
@@ -358,7 +390,7 @@ class Router:
         self.queue_gauges.record(q.tenants(), q.depth, lambda t: q.counters.get(t, 0.0))
         for item in self.queue.items():
             req, msg = item.payload.req, item.payload.msg
-            refusal = verdict(req, now, where="while queued")
+            refusal = verdict(req, now, newest=self.newest.newest(req), where="while queued")
             if refusal is None and now - item.enqueued_at > self.s.max_queue_seconds:
                 waited = f"queued over {self.s.max_queue_seconds:.0f}s"
                 refusal = Refusal("rejected", "timeout", waited)
@@ -394,6 +426,16 @@ class Router:
         with bind_request(req.id, req.tenant, req.trace):
             while_queued = Refusal("cancelled", "cancelled", "cancelled while queued")
             await self._refuse(req, item.payload.msg, while_queued)
+
+    async def _on_newest(self, msg: Msg) -> None:
+        """Another router (or this one) admitted a session's newer step: older ones queued
+        here are answered at the next sweep."""
+        try:
+            notice = decode(msg.data, NewestStep, max_bytes=self.s.max_message_bytes)
+        except DecodeError:
+            return
+        if self.newest.see(notice.tenant, notice.session, notice.step):
+            self.wake.set()
 
     async def _keepalive_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

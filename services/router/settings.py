@@ -22,14 +22,15 @@ class RouterSettings(Settings):
     dead_after: float = Field(default=6.0, gt=0)
     # Partitions per worker within (1 + epsilon) x its slot share.
     epsilon: float = Field(default=0.25, gt=0, description="bounded-load slack, partitions")
-    # A worker is overloaded above (1 + load_epsilon) x the pool's mean load per slot (in
-    # tokens): new work avoids it and, once that lasts `move_hold`, one session moves off.
+    # A worker is overloaded above (1 + load_epsilon) x the pool's mean load per slot (the
+    # GPU time it owes, in output tokens: scheduling/affinity): new work avoids it and,
+    # once that lasts `move_hold`, one session or conversation moves off.
     load_epsilon: float = Field(default=0.15, gt=0, description="bounded-load slack, load")
     routing_policy: Policy = Field(
         default="switchyard", description="how a request's worker is chosen (scheduling/affinity)"
     )
     prefix_weight: float = Field(
-        default=4.0, ge=0, description="load tokens an uncached prompt token costs (affinity)"
+        default=0.1, ge=0, description="load (output tokens) an uncached prompt token costs"
     )
     move_hold: float = Field(
         default=2.0, ge=0, description="seconds a worker stays overloaded before a session moves"

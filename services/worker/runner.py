@@ -3,9 +3,16 @@
 The answer goes to `RES` first (deduplicated by `res-<request id>`, so a
 redelivered request that an earlier attempt already answered is not answered
 again), then as the end frame of the token stream, then the WORK message is
-acked by the pull loop. A request cancelled, stale or past its deadline
-(`switchyard.requestpolicy`, the router's verdict too) is answered without
-touching the engine.
+acked by the pull loop. A request cancelled, superseded by a newer step of its
+agent session, stale or past its deadline (`switchyard.requestpolicy`, the
+router's verdict too) is answered without touching the engine. The newest step
+per session comes from the routers' `NewestStep` notices (`observe`) and from the
+requests this worker pulls itself. A step already on the engine is never
+aborted for a newer one (its action may still be of use); but an answer that is
+ready only after its frame outlived its budget is answered `stale`, its text
+withheld, so a phone never acts on a screen that is gone. Nor on part of an
+action: an agent answer that stopped at `max_tokens`, or is not an answer in the
+step's action format, is answered `error` with code `answer_cut` (and counted).
 """
 
 from __future__ import annotations
@@ -18,13 +25,16 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from services.worker import metrics
+from switchyard.agentactions import why_cut
 from switchyard.agentprompt import Geometry, answer_to_original
 from switchyard.answers import answer, result_for, route_of
 from switchyard.bus.tokenstream import TokenStreamWriter
 from switchyard.engines.base import Engine, EngineRequest, ModelsCost
 from switchyard.errors import SwitchyardError
 from switchyard.logging import bind_request, get_logger
+from switchyard.messages.agent import ActionFormat
 from switchyard.messages.inference import (
+    ActionsConstraint,
     ErrorInfo,
     FinishReason,
     GenerateRequest,
@@ -33,7 +43,7 @@ from switchyard.messages.inference import (
     Timings,
     Usage,
 )
-from switchyard.requestpolicy import Refusal, Tombstones, verdict
+from switchyard.requestpolicy import NewestSteps, Refusal, Tombstones, staleness, verdict
 
 log = get_logger(__name__)
 
@@ -58,6 +68,12 @@ class Runner:
         self.worker_id = worker_id
         self.running: set[str] = set()
         self.cancelled = Tombstones()
+        self.newest = NewestSteps()
+
+    def observe(self, tenant: str, session: str, step: int) -> None:
+        """A router admitted `step` of the session: its older steps not started here are
+        answered `superseded` when their turn comes."""
+        self.newest.see(tenant, session, step)
 
     async def cancel(self, request_id: str) -> None:
         self.cancelled.add(request_id)
@@ -93,7 +109,11 @@ class Runner:
     async def _run(self, req: GenerateRequest, writer: TokenStreamWriter | None) -> Outcome:
         now = time.time()
         since = req.admitted_at or req.created_at
-        refusal = verdict(req, now, cancelled=req.id in self.cancelled, where="before it started")
+        self.newest.see_request(req)
+        refusal = verdict(
+            req, now, cancelled=req.id in self.cancelled, newest=self.newest.newest(req),
+            where="before it started",
+        )  # fmt: skip
         if refusal is not None:
             return _refused(refusal, since, now)
         started = time.time()
@@ -154,10 +174,26 @@ class Runner:
                 ErrorInfo(code="cancelled" if reason == "cancelled" else "expired", reason=reason),
                 started, first,
             )  # fmt: skip
+        late = staleness(req, time.time(), where="when its answer was ready")
+        if late is not None:
+            metrics.LATE.inc()
+            return Outcome("stale", "", finish, usage, timings, late.error, started, first)
         answer_text = "".join(text)
+        fmt: ActionFormat = "json"
+        if isinstance(req.constraint, ActionsConstraint):
+            c = req.constraint
+            fmt = c.action_format
+            cut = why_cut(answer_text, finish, fmt, c.chunk, c.thought)
+            if cut is not None:
+                # Never a partial action to a phone: the client gets a typed error.
+                metrics.ANSWERS_CUT.labels(fmt, cut[0]).inc()
+                log.warning("worker.answer_cut", reason=cut[0], max_tokens=req.sampling.max_tokens,
+                            tokens=usage.completion_tokens)  # fmt: skip
+                error = ErrorInfo(code="answer_cut", reason=cut[1])
+                return Outcome("error", answer_text, finish, usage, timings, error, started, first)
         if req.frame_geometry is not None:
             # The model saw the resized frame; the phone acts on its own pixels.
-            answer_text = answer_to_original(answer_text, Geometry.of(req.frame_geometry))
+            answer_text = answer_to_original(answer_text, Geometry.of(req.frame_geometry), fmt)
         return Outcome("ok", answer_text, finish, usage, timings, None, started, first)
 
     def _modelled(self, request_id: str) -> ModelledTimings | None:
@@ -169,9 +205,10 @@ class Runner:
 
 def _refused(refusal: Refusal, since: float, now: float) -> Outcome:
     status = refusal.status
+    aborted = status in ("cancelled", "expired", "stale", "superseded")  # not failures
     return Outcome(
         status,
-        finish_reason="abort" if status in ("cancelled", "expired", "stale") else "error",
+        finish_reason="abort" if aborted else "error",
         timings=Timings(queue=max(0.0, now - since), total=max(0.0, now - since)),
         error=refusal.error,
     )

@@ -1,4 +1,5 @@
-"""The worker process: engine, owned partitions, cancels, heartbeats, drain on SIGTERM."""
+"""The worker process: engine, owned partitions, cancels and newer-step notices, heartbeats,
+drain on SIGTERM."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from switchyard.codec import decode
 from switchyard.engines.factory import make_engine
 from switchyard.errors import DecodeError, ErrorCode
 from switchyard.logging import get_logger
-from switchyard.messages.inference import ErrorInfo, GenerateRequest
+from switchyard.messages.inference import ErrorInfo, GenerateRequest, NewestStep
 
 log = get_logger(__name__)
 
@@ -43,7 +44,13 @@ async def run_worker(bus: Bus, stop: asyncio.Event, settings: WorkerSettings) ->
         request_id = msg.subject.split(".", 1)[1]
         await runner.cancel(request_id)
 
+    async def on_newest(msg: Msg) -> None:
+        with contextlib.suppress(DecodeError):
+            notice = decode(msg.data, NewestStep, max_bytes=settings.max_message_bytes)
+            runner.observe(notice.tenant, notice.session, notice.step)
+
     cancels = await bus.nc.subscribe(subjects.CANCEL_ALL, cb=on_cancel)
+    newest = await bus.nc.subscribe(subjects.SUPERSEDE_ALL, cb=on_newest)
     ownership = Ownership(bus.js, settings, on_work, on_give_up)
     beat_stop = asyncio.Event()
     heartbeat = asyncio.create_task(
@@ -60,6 +67,7 @@ async def run_worker(bus: Bus, stop: asyncio.Event, settings: WorkerSettings) ->
         beat_stop.set()
         with contextlib.suppress(Exception):
             await heartbeat
-        with contextlib.suppress(Exception):
-            await cancels.unsubscribe()
+        for sub in (cancels, newest):
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
         await engine.close()

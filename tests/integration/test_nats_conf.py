@@ -23,10 +23,13 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from pydantic import SecretStr
 
+from services.preprocessor.window import WindowStore
 from switchyard.bus.connection import connect
 from switchyard.bus.provision import provision
 from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.config import Settings
+from switchyard.messages.agentwindow import WindowFrame
+from switchyard.messages.inference import FrameGeometry, Image
 from switchyard.natsserver import binary
 from switchyard.ports import free_port, reachable
 
@@ -230,6 +233,7 @@ PUBLISH: dict[str, tuple[list[str], list[str]]] = {
             "svc.sql.execute",
             "svc.sql.validate",
             "req.agent.acme",
+            "supersede.acme",
             "work.agent.p0",
             "audit.sql.acme",
             "res.llm.acme",
@@ -248,10 +252,14 @@ PUBLISH: dict[str, tuple[list[str], list[str]]] = {
             "_INBOX.edge.x",
             "dlq.agent.in.acme",
             "$JS.API.CONSUMER.MSG.NEXT.INGRESS.preprocessor-agent",
+            "$KV.agent_windows.agent.acme.s1.3",
+            "$JS.API.DIRECT.GET.KV_agent_windows.$KV.agent_windows.agent.acme.s1.3",
         ],
         [
             "work.agent.p0",
             "req.sql.acme",
+            "$KV.fleet_sessions.agent.acme.s1",
+            "$JS.API.CONSUMER.CREATE.KV_agent_windows",
             "svc.sql.validate",
             "audit.sql.acme",
             "$JS.API.CONSUMER.MSG.NEXT.INGRESS.sqlflow",
@@ -268,6 +276,7 @@ PUBLISH: dict[str, tuple[list[str], list[str]]] = {
             "$KV.fleet_sessions.agent.acme.s1",
             "$JS.API.CONSUMER.CREATE.KV_fleet_sessions",
             "$JS.API.CONSUMER.MSG.NEXT.REQ.router",
+            "supersede.acme",
         ],
         [
             "svc.sql.execute",
@@ -289,7 +298,9 @@ PUBLISH: dict[str, tuple[list[str], list[str]]] = {
             "$JS.API.STREAM.INFO.KV_fleet_workers",
         ],
         [
+            "supersede.acme",  # only routers, which admit steps, say which is newest
             "$KV.fleet_sessions.agent.acme.s1",
+            "$KV.agent_windows.agent.acme.s1.3",
             "svc.sql.execute",
             "svc.sql.validate",
             "svc.sql.explain",
@@ -365,9 +376,12 @@ SUBSCRIBE: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "preprocessor": (["_INBOX.preprocessor.>"], ["audit.>", "svc.sql.validate", "res.>"]),
-    "router": (["_INBOX.router.>", "res.>", "cancel.*"], ["audit.>", "svc.sql.execute"]),
+    "router": (
+        ["_INBOX.router.>", "res.>", "cancel.*", "supersede.*"],
+        ["audit.>", "svc.sql.execute"],
+    ),
     "worker": (
-        ["_INBOX.worker.>", "cancel.*"],
+        ["_INBOX.worker.>", "cancel.*", "supersede.*"],
         [
             "svc.sql.execute",
             "svc.sql.explain",
@@ -438,6 +452,25 @@ async def test_sql_request_reply_crosses_the_users(clients: dict[str, UserConn])
         assert reply.subject.startswith("_INBOX.sqlflow.")
     finally:
         await sub.unsubscribe()
+
+
+async def test_the_preprocessor_keeps_agent_windows_in_kv(clients: dict[str, UserConn]) -> None:
+    """The window store's real calls (open, put, get, delete) as the preprocessor user."""
+    me = clients["preprocessor"]
+    me.violations.clear()
+    store = WindowStore(me.nc.jetstream(), "agent", cache_bytes=0)  # every read from KV
+    await store.open()
+    frame = WindowFrame(
+        step=3, start=2, goal_digest="g", at=1.0,
+        image=Image(hash="ab" * 16, data=b"\xff\xd8jpeg", mime="image/jpeg", width=28, height=28),
+        geometry=FrameGeometry(orig_width=56, orig_height=56, width=28, height=28),
+    )  # fmt: skip
+    await store.put("acme", "s1", frame)
+    assert await store.get("acme", "s1", 3) == frame
+    await store.forget("acme", "s1", range(3, 4))
+    assert await store.get("acme", "s1", 3) is None
+    await me.settle()
+    assert not me.violations, me.violations
 
 
 async def test_wrong_password_is_refused(server: Server) -> None:

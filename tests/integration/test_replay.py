@@ -25,6 +25,7 @@ import pytest
 from typer.testing import CliRunner
 
 from switchyard import subjects
+from switchyard.agentactions import answer_token_budget
 from switchyard.bench.phoneframes import draw_frame
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
@@ -34,7 +35,7 @@ from switchyard.config import Settings
 from switchyard.fleet.readiness import PoolReady, wait_for_heartbeat, wait_for_pools
 from switchyard.forensics.replay import Collected
 from switchyard.forensics.trace import find
-from switchyard.messages.agent import AgentStep, RawFrame
+from switchyard.messages.agent import AgentStep, RawFrame, StepOptions
 from switchyard.messages.inference import GenerateResult
 from switchyard.messages.sql import SqlAnswer, SqlAsk
 from switchyard.natsserver import EmbeddedNats
@@ -73,7 +74,7 @@ def sessions() -> list[str]:
 
 @contextlib.asynccontextmanager
 async def fleet(
-    url: str, sqlenv: SqlEnv, index: Path, agent_max_tokens: int = 64
+    url: str, sqlenv: SqlEnv, index: Path, allow_thought: bool = True
 ) -> AsyncIterator[None]:
     """Everything both workloads need, with fixed worker ids (the routing is compared);
     yields once every partition of both pools is served."""
@@ -111,7 +112,7 @@ async def fleet(
                 router_in_process(url, partitions=PARTITIONS, pools=[AGENT, SQL],
                                   rebalance_interval=0.2, dead_after=20),
                 preprocessor_in_process(url, agent_pool=AGENT,
-                                        agent_max_tokens=agent_max_tokens),
+                                        allow_thought=allow_thought, agent_max_tokens=256),
                 sqlflow_in_process(url, sqlenv, index, sql_pool=SQL),
             ):  # fmt: skip
                 await wait_for_pools(bus.js, pools, timeout=120, check=alive)
@@ -126,6 +127,9 @@ def step(session: str, k: int) -> AgentStep:
         tenant="acme", session=session, step=k, frame_ts=time.time(), stale_after=300,
         frames=[RawFrame(data=frame, mime="image/jpeg")],
         goal="collect the daily reward", history=[f"step {i}" for i in range(k)],
+        # The same max_tokens with or without a thought (what one with a thought needs), so
+        # a changed `allow_thought` changes answers but not the load the router weighs.
+        options=StepOptions(thought=True, max_tokens=answer_token_budget("json", 1, True)),
     )  # fmt: skip
 
 
@@ -222,7 +226,10 @@ async def test_a_recorded_window_replays_identically_and_shows_a_changed_setting
         assert code == 0 and same["identical"] and same["verdict"].startswith("reproduced")
         assert set(same["ids"]) == set(steps + asks)  # new ids remember the originals
 
-        async with fleet(changed.url, sqlenv, tmp_path / "index-changed", agent_max_tokens=8):
+        # Thoughts refused: the steps ask for one, so the model's answer takes another shape
+        # (a bare action, not {"actions": [...]}). (max_tokens no longer changes answers: it
+        # is derived from the action format, never below what an answer needs.)
+        async with fleet(changed.url, sqlenv, tmp_path / "index-changed", allow_thought=False):
             only_steps = ("--subject", "agent.in.>")
             code, diff = await replay(source.url, changed.url, since, until,
                                       tmp_path / "changed.json", *only_steps)  # fmt: skip

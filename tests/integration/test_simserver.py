@@ -183,3 +183,33 @@ def test_agent_steps_share_a_prefix_and_reset_makes_it_cold(sim_url: str) -> Non
         r1.json()["id"].removeprefix("chatcmpl-"),
     ]
     assert timings[1]["cached_tokens"] == after[HITS]
+
+
+def test_gpu_preset_labels_the_calibration_and_every_timing(tmp_path: Path) -> None:
+    from switchyard.capacity.calibration import sim_calibration
+
+    port = free_port()
+    with ProcessGroup(tmp_path) as group:
+        child = group.start("sim", [sys.executable, "-m", "switchyard.cli.app", "sim-server",
+                                    "--port", str(port), "--delay-scale", "0",
+                                    "--gpu", "rtx5090"])  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        group.wait_http(child, f"{url}/health", timeout=60)
+        http = httpx.Client(base_url=url, timeout=30)
+        cal = http.get("/sim/calibration").json()
+        assert (cal["calibration"], cal["gpu"], cal["overridden"]) == ("rtx5090", "rtx5090", [])
+        assert cal["figures"] == sim_calibration("rtx5090").settings() == cal["preset_figures"]
+        body = {"model": "sim", "messages": [{"role": "user", "content": LONG}], "max_tokens": 3}
+        assert http.post("/v1/chat/completions", json=body).status_code == 200
+        timings = http.get("/sim/timings").json()
+    assert [t["calibration"] for t in timings] == ["rtx5090"]
+
+
+def test_an_unknown_gpu_preset_is_refused_with_the_choices() -> None:
+    from typer.testing import CliRunner
+
+    from switchyard.cli.app import app
+
+    result = CliRunner().invoke(app, ["sim-server", "--gpu", "b200", "--port", "1"])
+    assert result.exit_code == 2
+    assert "a100, h100, rtx5090" in result.output

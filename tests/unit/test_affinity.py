@@ -7,9 +7,16 @@ import random
 from collections import Counter
 
 from switchyard.messages.inference import ChatMessage, Image, ImagePart, TextPart
-from switchyard.scheduling.affinity import Affinity, Decision, WorkerLoad, prefix_blocks
+from switchyard.scheduling.affinity import (
+    Affinity,
+    Decision,
+    WorkerLoad,
+    prefix_blocks,
+    previous_turn,
+)
 
-TOKENS = 1000  # prompt + max_tokens of the requests below
+PROMPT, OUTPUT = 900, 100  # the requests below: prompt tokens, max_tokens
+TOKENS = 1000  # a request's load in the hand-made pools below (decode steps owed)
 
 
 def pool(*loads: float, slots: int = 1) -> list[WorkerLoad]:
@@ -27,7 +34,7 @@ def chat(salt: str, *texts: str) -> list[ChatMessage]:
 def place(a: Affinity, workers: list[WorkerLoad], session: str | None, now: float,
           *texts: str) -> Decision:  # fmt: skip
     blocks = prefix_blocks("t", chat("t", *texts) if texts else None, None if texts else "x")
-    decision = a.choose(workers, TOKENS, session, blocks, now)
+    decision = a.choose(workers, PROMPT, OUTPUT, session, blocks, now)
     assert decision is not None
     a.commit(decision, blocks, now)
     return decision
@@ -142,7 +149,7 @@ def test_learned_routes_are_followed() -> None:
 def test_a_new_session_waits_when_no_worker_has_credit() -> None:
     a = Affinity()
     full = [WorkerLoad("w0", 1, 0, credit=0), WorkerLoad("w1", 1, 0, credit=0)]
-    assert a.choose(full, TOKENS, "s1", [], 0.0) is None
+    assert a.choose(full, PROMPT, OUTPUT, "s1", [], 0.0) is None
 
 
 def test_many_sessions_spread_within_the_bound() -> None:
@@ -151,7 +158,7 @@ def test_many_sessions_spread_within_the_bound() -> None:
     for s in range(200):
         workers = [WorkerLoad(w, 1, load) for w, load in loads.items()]
         decision = place(a, workers, f"s{s}", 0.0)
-        loads[decision.worker] += TOKENS
+        loads[decision.worker] += decision.work
     per_worker = Counter(r.worker for r in a.routes.values())
     assert max(per_worker.values()) <= 1.1 * 200 / 8
 
@@ -168,7 +175,43 @@ def test_a_conversation_follows_its_prefix_while_its_worker_has_room() -> None:
     assert (first.worker, first.reason, first.write) == ("w0", "prefix", False)
     # w0 is now a little busier than the rest, but it holds the conversation's prefix.
     second = place(a, pool(800, 500, 500), None, 1.0, SYSTEM, "turn one", "answer", "turn 2")
-    assert second.worker == "w0"
+    assert (second.worker, second.reason, second.write) == ("w0", "sticky", False)
+    # It holds the history, so the turn adds less load there than a cold one would.
+    assert second.work < first.work + OUTPUT
+
+
+def test_previous_turn_is_where_the_last_assistant_message_begins() -> None:
+    turn1 = prefix_blocks("t", chat("t", SYSTEM, "turn one"), None)
+    turn2 = prefix_blocks("t", chat("t", SYSTEM, "turn one", "answer", "turn 2"), None)
+    assert previous_turn(turn1) is None  # no assistant message: continues nothing
+    assert previous_turn(turn2) == turn1[-1]
+    turn3 = prefix_blocks("t", chat("t", SYSTEM, "turn one", "answer", "turn 2", "a2", "q3"), None)
+    assert previous_turn(turn3) == turn2[-1]
+
+
+def test_a_conversation_stays_through_a_moment_of_overload_and_moves_after_hold() -> None:
+    a = Affinity(hold=2.0)
+    assert place(a, pool(0, 0, 0), None, 0.0, SYSTEM, "q1").worker == "w0"
+    hot = pool(20_000, 1000, 1000)
+    a.observe(hot, 10.0)
+    stay = place(a, hot, None, 11.0, SYSTEM, "q1", "a1", "q2")
+    assert (stay.worker, stay.reason) == ("w0", "sticky")  # overloaded for < hold
+    moved = place(a, hot, None, 12.5, SYSTEM, "q1", "a1", "q2", "a2", "q3")
+    assert (moved.reason, moved.left) == ("load", "w0") and moved.worker != "w0"
+    # The move restarted w0's overload clock: another conversation of it stays for now.
+    a.commit(Decision("w0", "prefix", None, False, 1.0), prefix_blocks(
+        "t", chat("t", SYSTEM, "other"), None), 12.5)  # fmt: skip
+    other = place(a, hot, None, 13.0, SYSTEM, "other", "a", "q")
+    assert (other.worker, other.reason) == ("w0", "sticky")
+
+
+def test_a_new_question_sharing_only_the_system_prompt_is_no_conversation() -> None:
+    a = Affinity()
+    place(a, pool(0, 0), None, 0.0, SYSTEM, "q1")
+    # The same tenant's next one-shot: its prompt has no assistant message, so it is
+    # placed by cost (the system prompt's worth against load), not held to w0.
+    other = place(a, pool(50_000, 0), None, 1.0, SYSTEM, "another question")
+    assert (other.worker, other.reason) == ("w1", "prefix")
 
 
 def test_a_hot_prefix_spreads_over_the_pool() -> None:
@@ -180,10 +223,10 @@ def test_a_hot_prefix_spreads_over_the_pool() -> None:
         workers = [WorkerLoad(w, 1, load) for w, load in loads.items()]
         decision = place(a, workers, None, i * 0.01, SYSTEM, f"one-shot question {i}")
         seen[decision.worker] += 1
-        loads[decision.worker] += TOKENS
+        loads[decision.worker] += decision.work
         for w in loads:  # requests finish at random
             if rng.random() < 0.2:
-                loads[w] = max(0.0, loads[w] - TOKENS)
+                loads[w] = max(0.0, loads[w] - decision.work)
     assert len(seen) == 4 and min(seen.values()) > 400 / 4 / 2
 
 

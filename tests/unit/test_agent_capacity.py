@@ -1,20 +1,27 @@
-"""The modelled step latency of `sy agent-sim`, its capacity search, and answer mapping."""
+"""The modelled step latency of `sy agent-sim`, the phones' time, its capacity search, and
+answer mapping."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from switchyard.agentprompt import Geometry, answer_to_original
+from switchyard.bench.agentsearch import LoadResult, explain_limit, judge, limit_of, next_load
 from switchyard.bench.agentsim import (
-    LoadResult,
+    AgentSimConfig,
+    AgentSimConfigError,
+    PhoneTime,
     StepRecord,
-    explain_limit,
+    history_entry,
+    ideal_wait,
     modelled_latency,
-    next_load,
+    summarise,
 )
+from switchyard.messages.agent import Action, Click, Swipe, TypeText
 
 pytestmark = pytest.mark.unit
 
@@ -45,21 +52,21 @@ def test_modelled_summary_percentiles_tail_parts_and_limit() -> None:
     # 99 ordinary steps (decode-bound) and one slow one whose lateness is queueing.
     recs = [rec(k, router=0, dispatch=0, queue=0, prefill=0.05, decode=0.2) for k in range(99)]
     recs.append(rec(99, router=0, dispatch=0, queue=0.4, prefill=0.05, decode=0.2))
-    m = modelled_latency(recs, scale=1.0, loop_s=100 * 0.5)
+    m = modelled_latency(recs, scale=1.0, loop_s=100 * 0.5, ideal_s=25.4)
     assert m is not None
     assert m.p50_ms == 250.0
     assert m.p99_ms == 250.0  # nearest rank: the 99th of 100 values
     assert m.p50_parts_ms == {"router": 0.0, "dispatch": 0.0, "engine_queue": 0.0,
                               "prefill": 50.0, "decode": 200.0}  # fmt: skip
     assert m.limit == "decode"
-    # Modelled 25.4 s over 50 s of phone loops: half the loop was spent outside the model.
+    # 25.4 s of ideal phone time over 50 s of phone loops: half was spent outside the model.
     assert m.loop_efficiency == pytest.approx(25.4 / 50, abs=1e-3)
     assert m.outside_p50_ms == 100.0  # wall 1.0 - admission->answer 0.9
     assert m.harness_frame_p50_ms == 2.0
 
     # With two slow steps the p99 is a queued one, and the tail says so.
     recs.append(rec(100, router=0, dispatch=0, queue=0.4, prefill=0.05, decode=0.2))
-    m = modelled_latency(recs, scale=1.0, loop_s=50.0)
+    m = modelled_latency(recs, scale=1.0, loop_s=50.0, ideal_s=50.0)
     assert m is not None and m.p99_ms == 650.0
     assert m.tail_parts_ms["engine_queue"] == 400.0
     assert m.limit == "queueing"
@@ -68,9 +75,9 @@ def test_modelled_summary_percentiles_tail_parts_and_limit() -> None:
 def test_a_step_not_answered_ok_makes_p99_infinite() -> None:
     recs = [rec(k, router=0, dispatch=0, queue=0, prefill=0.05, decode=0.2) for k in range(10)]
     recs.append(rec(10, router=0, dispatch=0, queue=0, prefill=0, decode=0, status="stale"))
-    m = modelled_latency(recs, scale=1.0, loop_s=10.0)
+    m = modelled_latency(recs, scale=1.0, loop_s=10.0, ideal_s=10.0)
     assert m is not None and math.isinf(m.p99_ms) and m.p50_ms == 250.0
-    assert modelled_latency([recs[-1]], scale=1.0, loop_s=1.0) is None
+    assert modelled_latency([recs[-1]], scale=1.0, loop_s=1.0, ideal_s=1.0) is None
 
 
 def search(capacity: int, ladder: list[int], resolution: int) -> list[int]:
@@ -121,7 +128,7 @@ def test_answers_map_to_original_pixels_in_both_shapes() -> None:
 def load(phones: int, dispatch: float, passed: bool) -> LoadResult:
     recs = [rec(k, router=0, dispatch=dispatch if k >= 98 else 0.0, queue=0, prefill=0.25,
                 decode=0.22) for k in range(100)]  # fmt: skip
-    m = modelled_latency(recs, scale=1.0, loop_s=100.0)
+    m = modelled_latency(recs, scale=1.0, loop_s=100.0, ideal_s=100.0)
     assert m is not None
     return LoadResult(phones, 100, 100, 0, {}, 0, 0.0, 0.0, m, passed, "")
 
@@ -132,3 +139,101 @@ def test_the_limit_names_the_largest_part_and_what_grew() -> None:
     assert text.startswith("prefill (beyond capacity, 150 phones")
     assert "grew most in dispatch (+230.0 ms)" in text
     assert explain_limit(at, None).startswith("prefill (at the largest load tried, 137 phones")
+    assert limit_of(at, fail) == "prefill"  # the GPUs' prefill share is unknown here
+    fail.prefill_busy, fail.steps_per_s = 0.7, 48.0
+    assert limit_of(at, fail) == "prefill saturation"
+    assert "48.0 steps/s, prefill kept each GPU 70 % busy" in explain_limit(at, fail)
+    assert limit_of(at, None) == "ladder"  # every load passed: the ladder ended it
+
+
+def test_a_wait_is_the_fleets_until_the_model_had_the_answer() -> None:
+    # Sent at 10.0, modelled 0.3 s at 4 wall s per modelled s: ready at 11.2.
+    assert ideal_wait(10.5, 11.5, sent=10.0, modelled_s=0.3, k=4.0) == pytest.approx(0.7)
+    # The answer came sooner than the model says (a harness cannot be early): all of it.
+    assert ideal_wait(10.5, 11.0, sent=10.0, modelled_s=0.3, k=4.0) == pytest.approx(0.5)
+    # Ready before the wait began (the phone was executing): none of the wait was needed.
+    assert ideal_wait(12.0, 12.4, sent=10.0, modelled_s=0.3, k=4.0) == 0.0
+    # No model (a stale answer, another engine): the harness is not blamed.
+    assert ideal_wait(10.5, 11.5, sent=10.0, modelled_s=None, k=4.0) == pytest.approx(1.0)
+
+
+def test_the_phones_time_gives_loop_efficiency_wait_share_and_action_rate() -> None:
+    cfg = AgentSimConfig(engine="sim", phones=2, steps=2, delay_scale=2.0, chunk=2, act_ms=500)
+    recs = [rec(k, router=0, dispatch=0, queue=0, prefill=0.1, decode=0.15) for k in range(4)]
+    for r in recs:
+        r.valid, r.executed = True, True
+    # Phone 0 answered by w0 (and once by w1), phone 1 by w0: two phones on one worker.
+    recs[3].phone = 1
+    recs[0].worker = recs[1].worker = recs[3].worker = "w0"
+    recs[2].worker = "w1"
+    # Each phone: 2 chunks of 2 actions of 1 wall s each (0.5 s x scale 2), two waits of
+    # 0.6 wall s of which the model accounts for 0.5 (0.25 modelled s x 2): 5.2 s run.
+    times = [PhoneTime(start=0.0, end=5.2, acting=4.0, waiting=1.2, waiting_ideal=1.0,
+                       actions=4) for _ in range(2)]  # fmt: skip
+    report = summarise(cfg, recs, wall=5.2, times=times)
+    assert report.modelled is not None
+    assert report.modelled.loop_efficiency == pytest.approx(5.0 / 5.2, abs=1e-3)
+    assert report.wait_share == pytest.approx(1.0 / 5.0)
+    assert report.wait_share_wall == pytest.approx(1.2 / 5.2, abs=1e-4)
+    assert report.actions_executed == 8
+    assert report.actions_per_phone_s == pytest.approx(8 / (10.4 / 2.0), abs=1e-3)
+    assert (report.phones_per_worker_max, report.workers_used) == (2, 2)
+
+
+def test_superseded_steps_are_counted_apart_and_not_as_late() -> None:
+    cfg = AgentSimConfig(engine="sim", phones=1, steps=3)
+    recs = [rec(k, router=0, dispatch=0, queue=0, prefill=0.1, decode=0.15) for k in range(3)]
+    recs[0].status, recs[0].code = "superseded", "superseded"
+    recs[2].status, recs[2].code = "error", "answer_cut"
+    report = summarise(cfg, recs, wall=1.0, times=[PhoneTime(end=1.0)])
+    assert (report.superseded, report.cut_answers) == (1, 1)
+    assert report.errors == {"error:answer_cut": 1}  # superseded is not an error
+    assert report.modelled is not None and report.modelled.steps == 2
+    assert math.isinf(report.modelled.p99_ms)  # the cut answer is a step not served
+
+
+def test_a_load_with_an_invalid_action_fails_whatever_its_latency() -> None:
+    cfg = AgentSimConfig(engine="sim", phones=1, steps=2, action_format="compact")
+    recs = [rec(k, router=0, dispatch=0, queue=0, prefill=0.1, decode=0.1) for k in range(2)]
+    recs[0].valid = True  # the other ok answer did not parse as compact
+    report = summarise(cfg, recs, wall=1.0, times=[PhoneTime(end=1.0, waiting_ideal=1.0)])
+    res = judge(report, target_ms=500, min_loop_efficiency=0.99)
+    assert not res.passed and res.reason.startswith("1 invalid actions")
+    assert limit_of(None, res) == "invalid actions"
+    recs[1].valid = True
+    passed = judge(summarise(cfg, recs, 1.0, [PhoneTime(end=1.0, waiting_ideal=1.0)]), 500)
+    assert passed.passed, passed.reason
+    slow = judge(summarise(cfg, recs, 1.0, [PhoneTime(end=1.0, waiting_ideal=0.9)]), 500)
+    assert not slow.passed and slow.reason.startswith("harness-bound")
+    assert limit_of(None, slow) == "harness"
+
+
+def test_history_entries_are_one_line_in_the_steps_format() -> None:
+    actions: list[Action] = [Click(x=5, y=6), Swipe(x1=1, y1=2, x2=3, y2=4, ms=250),
+                             TypeText(text="hi you")]  # fmt: skip
+    assert history_entry(actions, "compact") == "click 5 6; swipe 1 2 3 4 250; type hi you"
+    assert history_entry(actions[:1], "json") == '{"type":"click","x":5,"y":6}'
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"chunk": 6}, {"chunk": 0}, {"window": 0}, {"act_ms": -1.0}, {"lead_ms": -1.0},
+     {"gpu": "a100"}, {"engine": "sim", "gpu": "tpu"}, {"steps": 2, "ramp_steps": 2}],
+)  # fmt: skip
+def test_a_config_that_cannot_describe_a_run_is_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(AgentSimConfigError):
+        AgentSimConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_phone_time_in_wall_seconds_follows_the_delay_scale() -> None:
+    cfg = AgentSimConfig(engine="sim", delay_scale=4.0, chunk=3, act_ms=250, asynchronous=True)
+    assert cfg.lead_s == pytest.approx(1.0)  # one action, 250 ms x 4
+    assert replace(cfg, lead_ms=600).lead_s == pytest.approx(2.4)
+    assert AgentSimConfig(chunk=3, act_ms=250).lead_s == 0.0  # sync: after the chunk
+    assert cfg.period_s == pytest.approx(0.75)
+
+
+def test_bisection_stops_within_ten_percent_of_the_passing_load() -> None:
+    # Resolution 1 would bisect 300..400 down to one phone; 10 % of 325 ends it at 25 apart.
+    assert search(333, [50, 100, 200, 400], resolution=1) == [50, 100, 200, 400, 300, 350, 325]
+    assert search(7, [5, 10], resolution=1) == [5, 10, 7, 8]  # small loads: to the phone

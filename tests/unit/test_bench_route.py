@@ -79,8 +79,10 @@ def test_an_agent_step_carries_its_session_and_both_frames() -> None:
 
 
 def _outcome(worker: str, prompt: int, cached: int, queue: float, busy: float) -> Outcome:
-    m = ModelledTimings(queue=queue, prefill=busy / 2, decode=busy / 2, total=queue + busy,
-                        ttft=queue + busy / 2 + 0.01)  # fmt: skip
+    # A third of its decode waited on steps of other requests: busy time is `gpu` only.
+    m = ModelledTimings(queue=queue, prefill=busy / 2, decode=busy / 2 * 1.5,
+                        total=queue + busy * 1.25, ttft=queue + busy / 2 + 0.01,
+                        calibration="a100", gpu=busy)  # fmt: skip
     return Outcome(
         total_s=1.0, worker=worker, prompt_tokens=prompt, cached_tokens=cached,
         completion_tokens=10, modelled=m,
@@ -116,4 +118,5 @@ def test_summarise_counts_stickiness_balance_reach_and_hits() -> None:
     assert r.prefix_hit_rate_after_first == pytest.approx(200 / 600, abs=1e-4)
     # TTFT: the sim's modelled first token (queue + prefill + 10 ms here), per request.
     assert r.ttft_p50_ms == pytest.approx(510.0) and r.ttft_p99_ms == pytest.approx(1010.0)
-    assert r.request_p99_ms == pytest.approx(2000.0)
+    assert r.request_p99_ms == pytest.approx(2500.0)  # total = queue + 1.25 x busy
+    assert r.calibration == ["a100"]  # the figures say which GPU preset they are modelled at

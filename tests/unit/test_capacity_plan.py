@@ -231,8 +231,8 @@ def test_s4_section_9_70b_and_cost_discrepancies() -> None:
 
 @pytest.mark.parametrize(
     ("name", "per_token"),
-    [("qwen2.5-7b", 57_344), ("qwen3-vl-8b", 147_456), ("llama-3-8b", 131_072),
-     ("llama-3-70b", 327_680)],
+    [("qwen2.5-7b", 57_344), ("qwen2.5-vl-7b", 57_344), ("qwen3-vl-8b", 147_456),
+     ("llama-3-8b", 131_072), ("llama-3-70b", 327_680)],
 )  # fmt: skip
 def test_model_presets_kv_per_token(name: str, per_token: int) -> None:
     m = model_preset(name)
@@ -240,7 +240,9 @@ def test_model_presets_kv_per_token(name: str, per_token: int) -> None:
 
 
 def test_presets_sanity() -> None:
-    assert set(MODELS) == {"qwen2.5-7b", "qwen3-vl-8b", "llama-3-8b", "llama-3-70b"}
+    assert set(MODELS) == {
+        "qwen2.5-7b", "qwen2.5-vl-7b", "qwen3-vl-8b", "llama-3-8b", "llama-3-70b"
+    }  # fmt: skip
     assert set(GPUS) == {"rtx-5090", "rtx-4090", "l40s", "a100-80gb", "h100-80gb", "h200"}
     assert {k for k, g in GPUS.items() if not g.has_nvlink} == {"rtx-5090", "rtx-4090", "l40s"}
     for g in GPUS.values():

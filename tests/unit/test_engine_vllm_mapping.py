@@ -67,6 +67,8 @@ import enum
 import importlib.util
 import io
 import json
+import random
+import re
 import sys
 import types
 from collections.abc import AsyncIterator, Iterator
@@ -78,7 +80,9 @@ from PIL import Image as PILImage
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 import switchyard.engines.vllm as vllm_module
+from switchyard.agentactions import answer_regex
 from switchyard.engines.base import Delta, Engine, EngineError, EngineRequest
+from switchyard.engines.sim_output import sim_answer
 from switchyard.engines.vllm import (
     VllmEngine,
     VllmSettings,
@@ -88,7 +92,9 @@ from switchyard.engines.vllm import (
     lora_int_id,
     map_request,
 )
+from switchyard.messages.agent import ActionFormat
 from switchyard.messages.inference import (
+    ActionsConstraint,
     ChatMessage,
     ChoiceConstraint,
     Constraint,
@@ -542,6 +548,26 @@ async def test_structured_outputs(
         5,
         ["\n\n"],
     )
+
+
+@pytest.mark.parametrize(
+    ("fmt", "chunk", "thought"),
+    [("compact", 1, False), ("compact", 5, True), ("json", 1, False), ("json", 3, True)],
+)
+async def test_agent_actions_become_the_regex_of_their_format(
+    fake_vllm: type[AsyncLLM], fmt: ActionFormat, chunk: int, thought: bool
+) -> None:
+    c = ActionsConstraint(action_format=fmt, chunk=chunk, thought=thought)
+    sp = mapped(agent_request(constraint=c)).sampling_params
+    so = sp.structured_outputs
+    assert isinstance(so, StructuredOutputsParams)
+    assert so.regex == answer_regex(fmt, chunk, thought)
+    assert (so.json, so.grammar, so.choice, so.json_object) == (None, None, None, None)
+    # The regex vLLM gets holds what the sim and the encoder write for the same step.
+    rng = random.Random(chunk)
+    req = EngineRequest(request_id="r", images=(frame(1, 308, 168),))
+    for _ in range(20):
+        assert re.fullmatch(so.regex, sim_answer(c, req, rng))
 
 
 async def test_unconstrained_requests_pass_no_structured_outputs(fake_vllm: type[AsyncLLM]) -> None:

@@ -1,11 +1,12 @@
-"""Whether a request may still run (cancelled, stale, expired), and the cancel tombstones."""
+"""Whether a request may still run (cancelled, superseded, stale, expired), the cancel
+tombstones and the newest step per agent session."""
 
 from __future__ import annotations
 
 import pytest
 
 from switchyard.messages.inference import ChatMessage, GenerateRequest
-from switchyard.requestpolicy import Refusal, Tombstones, verdict
+from switchyard.requestpolicy import NewestSteps, Refusal, Tombstones, staleness, verdict
 
 NOW = 1_700_000_000.0
 
@@ -45,6 +46,49 @@ def test_a_request_past_its_deadline_is_expired() -> None:
     assert refusal is not None
     assert (refusal.status, refusal.code) == ("expired", "expired")
     assert refusal.reason == "deadline passed at dispatch (0.250s late)"
+
+
+def test_the_clock_offset_moves_the_capture_time_onto_the_fleets_clock() -> None:
+    # A phone whose clock is 5 s behind stamps NOW - 5.5 on a frame captured 0.5 s ago.
+    behind = request(frame_ts=NOW - 5.5, stale_after=2.0, clock_offset=5.0)
+    assert behind.frame_age(NOW) == pytest.approx(0.5)
+    assert verdict(behind, NOW, where="x") is None
+    assert verdict(behind.model_copy(update={"clock_offset": 0.0}), NOW, where="x") is not None
+    # One 5 s ahead stamps NOW + 2 on a frame captured 3 s ago: stale, not "from the future".
+    ahead = request(frame_ts=NOW + 2.0, stale_after=2.0, clock_offset=-5.0)
+    refusal = staleness(ahead, NOW, where="when its answer was ready")
+    assert refusal == Refusal(
+        "stale", "stale", "frame is 3.000s old when its answer was ready, budget 2.000s"
+    )
+    assert verdict(ahead.model_copy(update={"clock_offset": 0.0}), NOW, where="x") is None
+
+
+def test_a_lower_step_of_a_session_than_its_newest_is_superseded() -> None:
+    step = request(session="ep1", step=3, frame_ts=NOW, stale_after=2.0)
+    refusal = verdict(step, NOW, newest=4, where="while queued")
+    assert refusal == Refusal(
+        "superseded", "superseded", "step 3 superseded by step 4 of its session while queued"
+    )
+    assert verdict(step, NOW, newest=3, where="x") is None  # itself is not newer
+    assert verdict(step, NOW, newest=None, where="x") is None
+    # Not an agent step (chat, SQL): no step number, never superseded.
+    assert verdict(request(session="ep1"), NOW, newest=9, where="x") is None
+
+
+@pytest.mark.parametrize(
+    ("cancelled", "newer", "stale", "status"),
+    [
+        (True, True, True, "cancelled"),
+        (False, True, True, "superseded"),
+        (False, False, True, "stale"),
+    ],
+)
+def test_a_cancel_comes_before_a_newer_step_which_comes_before_staleness(
+    cancelled: bool, newer: bool, stale: bool, status: str
+) -> None:
+    req = request(session="s", step=1, frame_ts=NOW - (5.0 if stale else 0.0), stale_after=1.0)
+    refusal = verdict(req, NOW, cancelled=cancelled, newest=2 if newer else 1, where="x")
+    assert refusal is not None and refusal.status == status == refusal.code
 
 
 @pytest.mark.parametrize(
@@ -101,3 +145,34 @@ def test_tombstones_prune_the_old_on_add_and_a_repeated_cancel_counts_from_now()
     tombs.add("r5")
     assert len(tombs) == 3
     assert [r for r in ("r0", "r1", "r2", "r3", "r4", "r5") if r in tombs] == ["r0", "r4", "r5"]
+
+
+def test_newest_steps_keep_the_highest_step_per_tenant_and_session() -> None:
+    clock = Clock()
+    newest = NewestSteps(ttl=60.0, clock=clock)
+    one = request(session="ep", step=1)
+    assert newest.newest(one) is None
+    assert newest.see("acme", "ep", 1) is True
+    assert newest.see("acme", "ep", 1) is False  # the same step again: nothing new to tell
+    assert newest.see("acme", "ep", 3) is True
+    assert newest.see("acme", "ep", 2) is False  # late and lower: the newest stays 3
+    assert newest.newest(one) == 3
+    # Another tenant's session of the same name is another session.
+    assert newest.newest(request(tenant="other", session="ep", step=1)) is None
+    assert newest.see_request(request(session="ep")) is False  # no step number: not a step
+    assert newest.see_request(request(tenant="other", session="ep", step=0)) is True
+
+
+def test_newest_steps_forget_a_session_ttl_after_its_step_last_rose() -> None:
+    clock = Clock()
+    newest = NewestSteps(ttl=60.0, clock=clock)
+    newest.see("acme", "a", 5)
+    clock.now += 30.0
+    newest.see("acme", "b", 1)
+    newest.see("acme", "a", 2)  # lower: does not keep "a" alive
+    clock.now += 30.001
+    # A client that counts from 0 again in the same session is superseded for a TTL at most.
+    assert newest.newest(request(session="a", step=0)) is None
+    assert newest.newest(request(session="b", step=0)) == 1
+    newest.see("acme", "c", 1)  # prunes the expired "a"
+    assert len(newest) == 2

@@ -1,11 +1,30 @@
 """`sy agent-sim`: cloud phones playing episodes against the fleet, straight onto NATS.
 
-Each phone is a strict loop: draw a frame, send the step (previous + current
-frame, the action history as text) on `agent.in.<tenant>`, wait for the
-action on its reply inbox, validate it against the action schema, append it to
-the history, go on. Without `--nats` it starts what it needs: an embedded
-NATS, the router, `workers` worker processes of the chosen engine and the
-preprocessor (each a subprocess, as in production).
+A phone captures a frame, sends the step (its current frame - and the previous
+one for the `pair` layout - with the action history as text) on
+`agent.in.<tenant>`, receives the answer on its reply inbox, validates it with
+the parser of the step's action format (`agentactions.parse_answer_text`) and
+executes its actions, `act_ms` each (a chunk of up to K, `StepOptions.chunk`),
+before it captures the next frame. That is the synchronous phone. With
+`asynchronous` ([S0] 2.3, asynchronous inference) it captures and sends the
+next step while the chunk still executes, `lead_ms` before the chunk ends (by
+default one action: when its last action starts), and switches to a newer
+answer as soon as it has one, at the next action boundary (the rest of the
+older chunk is dropped). When a chunk has ended and the answer it waits for is
+not in, its screen has moved on since that step's frame: it sends a fresh step
+at once, which supersedes the older one in the fleet. Answers that are not ok
+(`stale`, `superseded`, errors) are never executed, nor an ok answer older than
+one the phone already took. Each phone sends `steps` steps.
+
+The phone's clock may be off (`clock_skew_s`): `created_at`, `frame_ts` and
+`sent_at` are stamped from it, as a real phone's would be, and the fleet
+estimates the offset per session (`services/preprocessor/clock.py`).
+
+Without `--nats` it starts what it needs: an embedded NATS, the router,
+`workers` worker processes of the chosen engine (with `gpu`, the sim's
+calibration preset, `SY_SIM_GPU`) and the preprocessor laid out as `layout` /
+`window` (`SY_AGENT_LAYOUT`, `SY_AGENT_WINDOW`), each a subprocess as in
+production. With `--nats` those flags must say what the running fleet uses.
 
 Reuse efficiency = cached prompt tokens / tokens the step shares (as a
 prefix) with its episode's previous step - what a perfect prefix cache would
@@ -25,13 +44,19 @@ wall seconds per modelled second), so the whole figure is in modelled seconds.
 What it leaves out is reported beside it, never hidden: the phone's own frame
 drawing ("harness") and everything outside the router->engine span ("outside":
 the preprocessor's decode/resize/hash, NATS hops to and from it, the reply).
+Phone time is modelled time too: an action takes `act_ms` x `delay_scale` wall.
 
 A closed loop only offers the load of N phones if the phones are not slowed by
-the harness itself: `loop_efficiency` = modelled step time / (the phones' loop
-time / delay_scale). Near 1 the phones wait on the modelled fleet alone; well
-below 1 the harness (this machine's CPU) throttles them and the load is lighter
-than N real phones would offer - raise `delay_scale` (slow the simulated GPU's
-wall clock) until it is near 1.
+the harness itself. A phone's time is spent executing actions or waiting on
+inference with nothing to execute; `loop_efficiency` = what that time would have
+been if every wait had ended when the fleet model says its answer was ready
+(`ideal_wait`) / what it was, summed over the phones. Near 1 the phones wait on
+the modelled fleet alone; below it this machine (frame drawing, preprocessing,
+NATS hops, an event loop late to wake a phone) throttles them and the load is
+lighter than N real phones would offer - raise `delay_scale` (slow the simulated
+GPU's wall clock) until it is near 1. `wait_share` is the share of the phones'
+time spent waiting on inference (modelled), `actions_per_phone_s` what they got
+done per modelled second.
 """
 
 from __future__ import annotations
@@ -40,32 +65,53 @@ import asyncio
 import contextlib
 import functools
 import hashlib
-import json
 import math
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import cast
 
 from switchyard import subjects
-from switchyard.agentprompt import build_messages, fit
+from switchyard.agentactions import (
+    ActionFormatError,
+    Answer,
+    encode_answer,
+    parse_answer_text,
+)
+from switchyard.agentprompt import MAX_WINDOW, AgentLayout, build_messages, fit
+from switchyard.bench.layoutcost import frame_steps
 from switchyard.bench.phoneframes import draw_frame
 from switchyard.bench.stats import percentile
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
+from switchyard.capacity.calibration import SIM_GPUS, SimGpu, sim_calibration
 from switchyard.config import Settings
 from switchyard.engines.base import EngineRequest
 from switchyard.engines.sim import SimSettings
 from switchyard.engines.sim_tokens import render_prompt
+from switchyard.errors import StreamTimeout
 from switchyard.fleet import UNMETERED, FleetSpec, Pool, env_of, launch
 from switchyard.fleet.spec import Engine
 from switchyard.ids import new_id
-from switchyard.messages.agent import AgentStep, RawFrame, StepOptions, parse_answer
+from switchyard.messages.agent import (
+    MAX_CHUNK,
+    Action,
+    ActionFormat,
+    AgentStep,
+    RawFrame,
+    StepOptions,
+)
 from switchyard.messages.inference import Image, Timings
 
 READY_TIMEOUT = 180.0  # s: llama.cpp workers load their model on a shared machine
+HISTORY_SENT = 200  # history entries a step carries (the tail: agentprompt numbers them)
+NO_ACTION = "(none)"  # the history entry of a step whose answer the phone did not execute
+
+
+class AgentSimConfigError(ValueError):
+    """An `AgentSimConfig` that cannot describe a run (the CLI reports it as a bad option)."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +124,9 @@ class AgentSimConfig:
     height: int = 720
     max_pixels: int = 1280 * 720  # must match the preprocessor's, for the shared-prefix count
     stale_after: float = 2.0
-    max_tokens: int = 48
+    # None: what the action format and chunk need (the preprocessor derives it, so no
+    # answer is cut); a value asks for at least that many.
+    max_tokens: int | None = None
     tenant: str = "phones"
     nats_url: str | None = None  # a running fleet: start nothing
     scatter: bool = False  # a new partition key per step: no session affinity
@@ -86,10 +134,55 @@ class AgentSimConfig:
     # Wall seconds per modelled second for the sim workers this tool starts (SY_SIM_DELAY_SCALE);
     # with --nats, say what the running fleet uses, so measured parts convert to modelled time.
     delay_scale: float = 1.0
-    # Frames drawn per phone before the run (cycled); 0 = draw every frame during the run.
+    # Frames per phone drawn before the run (cycled; `POOL_LOOKS` sets shared by the
+    # phones); 0 = every phone draws its own frames during the run.
     frame_pool: int = 0
     frame_cache: int = 256  # the started preprocessor's prepared-frame cache (SY_FRAME_CACHE)
     stagger_s: float = 0.0  # phones start spread over this many wall seconds (no lockstep)
+    # The preprocessor's prompt layout and window (set on the fleet this tool starts).
+    layout: AgentLayout = "pair"
+    window: int = 8
+    action_format: ActionFormat = "json"
+    gpu: SimGpu | None = None  # the sim workers' calibration preset; None = the sim's default
+    chunk: int = 1  # actions per answer (StepOptions.chunk)
+    act_ms: float = 0.0  # modelled ms one action takes on the phone
+    asynchronous: bool = False  # send the next step while the chunk executes
+    lead_ms: float | None = None  # async: send that long before the chunk ends; None = act_ms
+    clock_skew_s: float = 0.0  # the phone's clock minus the fleet's (wall s)
+    # Steps of each phone left out of the latency percentiles: the ramp while the other
+    # phones are still starting (their errors and invalid actions still count).
+    ramp_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.chunk <= MAX_CHUNK:
+            raise AgentSimConfigError(f"chunk is 1..{MAX_CHUNK}, got {self.chunk}")
+        if not 1 <= self.window <= MAX_WINDOW:
+            raise AgentSimConfigError(f"window is 1..{MAX_WINDOW}, got {self.window}")
+        if self.act_ms < 0 or (self.lead_ms is not None and self.lead_ms < 0):
+            raise AgentSimConfigError("act_ms and lead_ms are >= 0")
+        if self.gpu is not None and self.gpu not in SIM_GPUS:
+            raise AgentSimConfigError(f"gpu is one of {', '.join(SIM_GPUS)}, got {self.gpu!r}")
+        if self.gpu is not None and self.engine != "sim":
+            raise AgentSimConfigError("gpu picks a sim calibration: it needs engine sim")
+        if not 0 <= self.ramp_steps < self.steps:
+            raise AgentSimConfigError(f"ramp_steps is 0..steps-1, got {self.ramp_steps}")
+
+    @property
+    def scale(self) -> float:
+        """Wall seconds per modelled second of phone time (1 when the sim runs instantly)."""
+        return self.delay_scale or 1.0
+
+    @property
+    def lead_s(self) -> float:
+        """Wall seconds before a chunk's end at which the next step leaves (0: sync)."""
+        if not self.asynchronous:
+            return 0.0
+        return (self.act_ms if self.lead_ms is None else self.lead_ms) / 1000 * self.scale
+
+    @property
+    def period_s(self) -> float:
+        """Modelled seconds a chunk takes to execute: what sets a phone's step cadence."""
+        return self.chunk * self.act_ms / 1000
 
 
 @dataclass
@@ -110,6 +203,14 @@ class StepRecord:
     engine_queue_s: float | None = None  # modelled
     prefill_s: float | None = None  # modelled
     decode_s: float | None = None  # modelled
+    calibration: str | None = None  # what the sim engine modelled it at
+    worker: str | None = None  # the worker that answered it
+    sent: float = 0.0  # wall (perf_counter) when the step was published
+    actions: int = 0  # actions in its answer (when valid)
+    executed: bool = False  # the phone took this answer (maybe not to its last action)
+    overtaken: bool = False  # ok, but the phone had already taken a newer step's answer
+    early: bool = False  # sent while a chunk still executed (async: its lead)
+    taken_at: float | None = None  # wall, when the phone took the answer (its chunk began)
 
     def modelled(self, scale: float) -> float | None:
         """Modelled step latency in modelled seconds; None without the engine's model."""
@@ -129,11 +230,47 @@ class StepRecord:
 
 
 @dataclass
+class PhoneTime:
+    """One phone's time, wall seconds (perf_counter): what it did, and what it should have
+    taken had only the fleet model and its own actions taken time."""
+
+    start: float = 0.0
+    end: float = 0.0
+    acting: float = 0.0  # executing actions (intended: act_ms x scale each)
+    waiting: float = 0.0  # waiting on inference with nothing to execute (measured)
+    waiting_ideal: float = 0.0  # the same waits, ended when the fleet model had the answer
+    actions: int = 0  # executed
+    switches: int = 0  # newer answers taken while a chunk still had actions left
+    dropped: int = 0  # actions of chunks left unfinished for a newer answer
+
+    @property
+    def loop(self) -> float:
+        return self.end - self.start
+
+    @property
+    def ideal(self) -> float:
+        return self.acting + self.waiting_ideal
+
+
+def ideal_wait(start: float, end: float, sent: float, modelled_s: float | None, k: float) -> float:
+    """How long a wait from `start` to `end` (wall) should have been: until `sent` + the
+    answer's modelled latency (x `k`, wall per modelled second), within 0..the real wait.
+
+    Without a modelled latency (not an executable answer of the sim) the whole wait
+    counts as the fleet's: the harness is not blamed for what cannot be told apart.
+    """
+    real = max(0.0, end - start)
+    if modelled_s is None:
+        return real
+    return min(real, max(0.0, sent + modelled_s * k - start))
+
+
+@dataclass
 class ModelledLatency:
     """The fleet-model part of the steps' latency (see the module docstring), in ms."""
 
     delay_scale: float
-    steps: int  # steps the figure covers (all steps sent)
+    steps: int  # steps the figure covers (all sent, less the ramp and superseded ones)
     p50_ms: float
     p99_ms: float  # a step not answered ok counts as infinitely late (inf)
     p50_parts_ms: dict[str, float]  # median of each component
@@ -151,14 +288,29 @@ class AgentSimReport:
     steps: int
     ok: int
     stale: int
-    errors: dict[str, int]
-    invalid_actions: int
+    superseded: int  # answered `superseded`: a newer step of the phone replaced it
+    errors: dict[str, int]  # status:code of the rest (cut answers among them)
+    invalid_actions: int  # answered ok, but not a valid answer in the step's format
+    cut_answers: int  # answered `answer_cut`: stopped at max_tokens or not in the format
     latency_p50_ms: float
     latency_p99_ms: float
     prefix_hit_rate: float  # steps after the first: cached / prompt tokens
     prefix_hit_rate_first_step: float
     reuse_efficiency: float  # steps after the first: cached / shared-with-previous tokens
-    actions_per_s: float
+    actions_per_s: float  # ok steps answered per wall second
+    actions_executed: int  # by all phones
+    actions_per_phone_s: float  # executed per phone per modelled second
+    wait_share: float  # of the phones' time spent waiting on inference (modelled)
+    wait_share_wall: float  # the same, as measured on this machine
+    overtaken: int  # ok answers not executed: the phone had a newer one
+    switches: int  # newer answers taken before the chunk ended (async)
+    calibration: str | None  # what the sim engine modelled the steps at (from the results)
+    steps_per_s: float  # steps sent per modelled second, all phones
+    prefill_busy: float | None  # share of each GPU's time spent on prefill (sim, modelled)
+    # The most phones one worker served (each phone counted at the worker that answered
+    # most of its steps), and the workers that served any: how evenly sessions were placed.
+    phones_per_worker_max: int
+    workers_used: int
     wall_s: float
     notes: list[str] = field(default_factory=list)
     modelled: ModelledLatency | None = None
@@ -177,19 +329,26 @@ def _common_prefix(a: list[str], b: list[str]) -> int:
 
 
 class _PrefixModel:
-    """The sim tokenizer's view of a phone's prompts, to count the shared prefix."""
+    """The sim tokenizer's view of a phone's prompts, to count the shared prefix.
 
-    def __init__(self, cfg: AgentSimConfig) -> None:
+    `layout` and `window` must be the preprocessor's (`SY_AGENT_LAYOUT`,
+    `SY_AGENT_WINDOW`): they decide which frames a step's prompt holds
+    (`layoutcost.frame_steps`; for `window` the ideal window, which the
+    preprocessor keeps unless it loses it).
+    """
+
+    def __init__(self, cfg: AgentSimConfig, layout: AgentLayout = "pair", window: int = 8) -> None:
         self.size = fit(cfg.width, cfg.height, cfg.max_pixels)
         self.sim = SimSettings()
         self.pool = cfg.frame_pool
+        self.layout: AgentLayout = layout
+        self.window = window
 
     def tokens(self, step: AgentStep, phone: int) -> list[str]:
-        first = step.step - len(step.frames) + 1
-        frames = [self._image(phone, k) for k in range(first, step.step + 1)]
-        req = EngineRequest(
-            request_id=step.id, messages=tuple(build_messages(step, frames)), images=tuple(frames)
-        )
+        steps = frame_steps(self.layout, step.step, self.window, sent=len(step.frames))
+        frames = [self._image(phone, k) for k in steps]
+        messages = build_messages(step, frames, self.layout)
+        req = EngineRequest(request_id=step.id, messages=tuple(messages), images=tuple(frames))
         return render_prompt(req, self.sim)
 
     def _image(self, phone: int, k: int) -> Image:
@@ -200,74 +359,186 @@ class _PrefixModel:
         return Image(hash=digest, data=b"", mime="image/jpeg", width=w, height=h)
 
 
-@dataclass
-class _Loop:
-    """One phone's loop span (wall, perf_counter), for the loop efficiency."""
-
-    start: float = 0.0
-    end: float = 0.0
-
-
 # Drawn once per process: a capacity search runs many loads with the same phones.
 _pool_frame = functools.lru_cache(maxsize=None)(draw_frame)
+# Distinct sets of pool frames; phone p shows set p % POOL_LOOKS. Shared so that the
+# preprocessor decodes (and the harness draws) a few dozen frames per run, not two per
+# phone, which at hundreds of phones is a burst of CPU this machine cannot absorb. It
+# costs the GPU model nothing: a frame follows its phone's own goal and history in
+# every layout, so no prefix block is shared across phones (and the sim has no
+# vision-encoder cache to share).
+POOL_LOOKS = 8
 
 
 def frame_pool(cfg: AgentSimConfig, phone: int) -> list[bytes]:
-    return [_pool_frame(phone, j, (cfg.width, cfg.height)) for j in range(cfg.frame_pool)]
+    look, size = phone % POOL_LOOKS, (cfg.width, cfg.height)
+    return [_pool_frame(look, j, size) for j in range(cfg.frame_pool)]
 
 
-async def _phone(
-    cfg: AgentSimConfig, bus: Bus, run: str, phone: int, model: _PrefixModel,
-    out: list[StepRecord], pool: list[bytes], loop: _Loop,
-) -> None:  # fmt: skip
-    history: list[str] = []
-    prev: bytes | None = None
-    prev_tokens: list[str] | None = None
-    size = (cfg.width, cfg.height)
-    if cfg.stagger_s > 0:  # real phones are not in lockstep: spread the first steps
-        await asyncio.sleep(cfg.stagger_s * phone / cfg.phones)
-    loop.start = time.perf_counter()
-    for k in range(cfg.steps):
-        t_frame = time.perf_counter()
-        cur = pool[k % len(pool)] if pool else await asyncio.to_thread(draw_frame, phone, k, size)
-        frame_s = time.perf_counter() - t_frame
-        raw = [RawFrame(data=f, mime="image/jpeg") for f in ([prev, cur] if prev else [cur])]
-        session = f"{run}-p{phone}" + (f"-s{k}" if cfg.scatter else "")
+def history_entry(actions: Sequence[Action], fmt: ActionFormat) -> str:
+    """A step's actions as the phone records them: each in the step's format, joined by
+    `; ` (one line per step, as the prompt numbers them)."""
+    return "; ".join(encode_answer(Answer((a,)), fmt) for a in actions)
+
+
+class _Phone:
+    """One phone's episode: capture, send, execute chunks (see the module docstring)."""
+
+    def __init__(
+        self, cfg: AgentSimConfig, bus: Bus, run: str, phone: int, model: _PrefixModel,
+        out: list[StepRecord], pool: list[bytes], clock: PhoneTime,
+    ) -> None:  # fmt: skip
+        self.cfg, self.bus, self.run_id, self.phone = cfg, bus, run, phone
+        self.model, self.out, self.pool, self.time = model, out, pool, clock
+        self.answers: asyncio.Queue[tuple[StepRecord, list[Action]]] = asyncio.Queue()
+        # One entry per step sent (so its index is the step): the actions of its answer
+        # once the phone takes it, `NO_ACTION` until then or if it never does.
+        self.history: list[str] = []
+        self.inflight: dict[int, float] = {}  # step -> when its frame was captured (wall)
+        self.taken = -1  # the newest step whose answer the phone took
+        self.screen_at = 0.0  # when the screen last changed (an action ended), wall
+        self.prev: bytes | None = None
+        self.prev_tokens: list[str] | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        cfg, t = self.cfg, self.time
+        if cfg.stagger_s > 0:  # real phones are not in lockstep: spread the first steps
+            await asyncio.sleep(cfg.stagger_s * self.phone / cfg.phones)
+        t.start = self.screen_at = time.perf_counter()
+        act = cfg.act_ms / 1000 * cfg.scale
+        chunk: list[Action] = []
+        sent_for_chunk = False
+        try:
+            while True:
+                if not chunk:
+                    # Nothing to execute: send a step unless one in flight already shows
+                    # this screen (sync: none is in flight; async: the one sent during
+                    # the chunk shows the screen before its last action ended).
+                    newest = max(self.inflight.values(), default=None)
+                    if len(self.history) < cfg.steps and (
+                        newest is None or newest < self.screen_at
+                    ):
+                        await self._send()
+                    if not self.inflight:
+                        break
+                    began = time.perf_counter()
+                    rec, actions = await self.answers.get()
+                    ended = time.perf_counter()
+                    took = self._take(rec, actions)
+                    t.waiting += ended - began
+                    model = rec.modelled(cfg.delay_scale) if took else None
+                    t.waiting_ideal += ideal_wait(began, ended, rec.sent, model, cfg.scale)
+                    if took:
+                        chunk, sent_for_chunk = list(actions), False
+                    continue
+                # One action. The next step leaves `lead` before the chunk's end (async).
+                until_send = len(chunk) * act - cfg.lead_s
+                chunk.pop(0)
+                if (
+                    cfg.lead_s > 0 and not sent_for_chunk and until_send < act
+                    and len(self.history) < cfg.steps
+                ):  # fmt: skip
+                    await asyncio.sleep(max(0.0, until_send))
+                    await self._send(early=True)
+                    sent_for_chunk = True
+                    await asyncio.sleep(act - max(0.0, until_send))
+                else:
+                    await asyncio.sleep(act)
+                t.acting += act
+                t.actions += 1
+                self.screen_at = time.perf_counter()
+                # Answers that came during the action: a newer one replaces the chunk.
+                while not self.answers.empty():
+                    rec, actions = self.answers.get_nowait()
+                    if self._take(rec, actions):
+                        t.switches += bool(chunk)
+                        t.dropped += len(chunk)
+                        chunk, sent_for_chunk = list(actions), False
+        finally:
+            t.end = time.perf_counter()
+            for task in list(self.tasks):  # only after an error: every step is awaited
+                task.cancel()
+
+    def _take(self, rec: StepRecord, actions: list[Action]) -> bool:
+        """Whether the phone executes this answer: valid, and newer than any it took."""
+        self.inflight.pop(rec.step, None)
+        if not rec.valid:
+            return False
+        if rec.step <= self.taken:
+            rec.overtaken = True
+            return False
+        self.taken, rec.executed, rec.taken_at = rec.step, True, time.perf_counter()
+        self.history[rec.step] = history_entry(actions, self.cfg.action_format)
+        return True
+
+    async def _send(self, *, early: bool = False) -> None:
+        cfg, k = self.cfg, len(self.history)
+        captured = time.perf_counter()
+        size = (cfg.width, cfg.height)
+        cur = (
+            self.pool[k % len(self.pool)] if self.pool
+            else await asyncio.to_thread(draw_frame, self.phone, k, size)
+        )  # fmt: skip
+        frame_s = time.perf_counter() - captured
+        # `single` and `window` lay out the current frame only: a previous one would be
+        # bytes on the bus for nothing.
+        raw = [self.prev, cur] if self.prev is not None and cfg.layout == "pair" else [cur]
+        session = f"{self.run_id}-p{self.phone}" + (f"-s{k}" if cfg.scatter else "")
+        now = time.time() + cfg.clock_skew_s  # the phone's own clock
         step = AgentStep(
-            tenant=cfg.tenant, session=session, frame_ts=time.time(), frames=raw,
+            tenant=cfg.tenant, session=session, created_at=now, frame_ts=now, sent_at=now,
+            frames=[RawFrame(data=f, mime="image/jpeg") for f in raw],
             # The episode in the goal: another run (or load of a search) on the same fleet
             # draws the same frames and actions, and must not find its prompts cached.
-            goal=f"collect the daily reward (episode {run}-p{phone})", history=history[-200:],
-            step=k,
-            stale_after=cfg.stale_after, options=StepOptions(max_tokens=cfg.max_tokens),
+            goal=f"collect the daily reward (episode {self.run_id}-p{self.phone})",
+            history=self.history[-HISTORY_SENT:], step=k, stale_after=cfg.stale_after,
+            options=StepOptions(chunk=cfg.chunk, action_format=cfg.action_format,
+                                max_tokens=cfg.max_tokens),
         )  # fmt: skip
-        tokens = model.tokens(step, phone)
-        shared = _common_prefix(prev_tokens, tokens) if prev_tokens is not None else 0
-        t0 = time.perf_counter()
-        async with TokenStreamReader(bus.nc, idle_timeout=cfg.step_timeout) as reader:
-            sent = step.model_copy(update={"reply": reader.inbox})
-            await publish(bus.js, subjects.agent_in(cfg.tenant), sent, msg_id=step.id)
-            frames = [f async for f in reader]
-        rec = StepRecord(phone, k, "lost", time.perf_counter() - t0, shared_tokens=shared)
-        rec.frame_s = frame_s
-        last = frames[-1] if frames else None
-        if last is not None and last.result is not None:
-            res = last.result
-            rec.status, rec.code = res.status, res.error.code if res.error else None
-            rec.prompt_tokens, rec.cached_tokens = res.usage.prompt_tokens, res.usage.cached_tokens
-            _timings_into(rec, res.timings)
-        elif last is not None and last.error is not None:
-            rec.status, rec.code = "rejected", last.error.code
-        action = "(no action)"
-        if rec.status == "ok" and last is not None and last.result is not None:
-            with contextlib.suppress(ValueError):
-                actions = parse_answer(last.result.text)
-                rec.valid = True
-                action = json.dumps(actions[0].model_dump(), separators=(",", ":"))
-        out.append(rec)
-        history.append(action)
-        prev, prev_tokens = cur, tokens
-    loop.end = time.perf_counter()
+        self.history.append(NO_ACTION)
+        tokens = self.model.tokens(step, self.phone)
+        shared = _common_prefix(self.prev_tokens, tokens) if self.prev_tokens is not None else 0
+        self.prev, self.prev_tokens = cur, tokens
+        self.inflight[k] = captured
+        task = asyncio.create_task(self._ask(step, shared, frame_s, early))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _ask(self, step: AgentStep, shared: int, frame_s: float, early: bool) -> None:
+        """Send `step`, wait for its answer, and hand the phone its record and actions."""
+        rec = StepRecord(self.phone, step.step, "lost", 0.0, shared_tokens=shared,
+                         frame_s=frame_s, early=early)  # fmt: skip
+        actions: list[Action] = []
+        try:
+            async with TokenStreamReader(self.bus.nc, idle_timeout=self.cfg.step_timeout) as rd:
+                rec.sent = time.perf_counter()
+                sent = step.model_copy(update={"reply": rd.inbox})
+                await publish(self.bus.js, subjects.agent_in(self.cfg.tenant), sent, msg_id=step.id)
+                frames = [f async for f in rd]
+            rec.latency_s = time.perf_counter() - rec.sent
+            last = frames[-1] if frames else None
+            if last is not None and last.result is not None:
+                res = last.result
+                rec.status, rec.code = res.status, res.error.code if res.error else None
+                rec.worker = res.worker
+                rec.prompt_tokens = res.usage.prompt_tokens
+                rec.cached_tokens = res.usage.cached_tokens
+                _timings_into(rec, res.timings)
+                if res.status == "ok":
+                    with contextlib.suppress(ActionFormatError):
+                        answer = parse_answer_text(res.text, self.cfg.action_format,
+                                                   chunk=self.cfg.chunk, thought=False)  # fmt: skip
+                        actions, rec.valid = list(answer.actions), True
+                        rec.actions = len(actions)
+            elif last is not None and last.error is not None:
+                rec.status, rec.code = "rejected", last.error.code
+        except StreamTimeout:
+            rec.latency_s, rec.code = time.perf_counter() - rec.sent, "timeout"
+        finally:
+            # Whatever happened, the phone hears of it: it must never wait for nothing.
+            self.out.append(rec)
+            self.answers.put_nowait((rec, actions))
 
 
 def _timings_into(rec: StepRecord, t: Timings) -> None:
@@ -278,6 +549,7 @@ def _timings_into(rec: StepRecord, t: Timings) -> None:
     if t.modelled is not None:
         m = t.modelled
         rec.engine_queue_s, rec.prefill_s, rec.decode_s = m.queue, m.prefill, m.decode
+        rec.calibration = m.calibration
 
 
 def _ms(x: float) -> float:
@@ -285,12 +557,13 @@ def _ms(x: float) -> float:
 
 
 def modelled_latency(
-    recs: Sequence[StepRecord], scale: float, loop_s: float
+    recs: Sequence[StepRecord], scale: float, loop_s: float, ideal_s: float
 ) -> ModelledLatency | None:
-    """The modelled-latency summary of a run, or None if no step carried the engine's model.
+    """The modelled-latency summary of `recs`, or None if no step carried the engine's model.
 
-    `loop_s` is the phones' summed loop time (wall); steps not answered ok count
-    as infinitely late, so p99 <= target means 99 % were served ok within it.
+    Steps not answered ok count as infinitely late, so p99 <= target means 99 % were
+    served ok within it. `loop_s` and `ideal_s`: the phones' summed time and what it
+    should have been (`PhoneTime`), for the loop efficiency.
     """
     modelled = [(r, r.modelled(scale)) for r in recs]
     ok = [(r, m) for r, m in modelled if m is not None]
@@ -309,54 +582,119 @@ def modelled_latency(
         "decode": tail_mean["decode"],
     }
     outside = [r.latency_s - r.fleet_s for r in recs if r.status == "ok" and r.fleet_s is not None]
-    modelled_sum = sum(m for _, m in ok)
     return ModelledLatency(
         delay_scale=scale, steps=len(recs),
         p50_ms=_ms(percentile(values, 0.5)), p99_ms=_ms(p99),
         p50_parts_ms={n: _ms(percentile([p[n] for p in parts], 0.5)) for n in names},
         tail_parts_ms={n: _ms(v) for n, v in tail_mean.items()},
         limit=max(groups, key=lambda g: groups[g]),
-        loop_efficiency=round(modelled_sum / (loop_s / (scale or 1.0)), 3) if loop_s else 0.0,
+        loop_efficiency=round(min(1.0, ideal_s / loop_s), 3) if loop_s > 0 else 0.0,
         harness_frame_p50_ms=_ms(percentile([r.frame_s for r in recs], 0.5)),
         outside_p50_ms=_ms(percentile(outside, 0.5)), outside_p99_ms=_ms(percentile(outside, 0.99)),
     )  # fmt: skip
 
 
+def _calibration(recs: Sequence[StepRecord]) -> str | None:
+    names = sorted({r.calibration for r in recs if r.calibration})
+    return ",".join(names) or None
+
+
+def _steady(times: Sequence[PhoneTime]) -> tuple[float, float]:
+    """The wall span in which every phone ran (after the last started, before the first
+    ended); the whole run when there is none (one phone, or a short run)."""
+    lo, hi = max(t.start for t in times), min(t.end for t in times)
+    if hi - lo <= 0:
+        lo, hi = min(t.start for t in times), max(t.end for t in times)
+    return lo, hi
+
+
+def _rates(
+    cfg: AgentSimConfig, recs: Sequence[StepRecord], times: Sequence[PhoneTime],
+    calibration: str | None,
+) -> tuple[float, float | None]:  # fmt: skip
+    """Steps sent per modelled second, all phones, and the share of each GPU's modelled
+    time that their prefill took, while every phone ran (`_steady`)."""
+    if not times or not recs:
+        return 0.0, None
+    lo, hi = _steady(times)
+    span = (hi - lo) / cfg.scale
+    inside = [r for r in recs if lo <= r.sent <= hi]
+    if span <= 0:
+        return 0.0, None
+    rate = len(inside) / span
+    preset = (calibration or "").split("+")[0]
+    if cfg.engine != "sim" or preset not in SIM_GPUS:
+        return round(rate, 2), None
+    per_token = sim_calibration(preset).prefill_cost_per_token
+    uncached = sum(max(0, r.prompt_tokens - r.cached_tokens) for r in inside)
+    return round(rate, 2), round(uncached * per_token / span / max(1, cfg.workers), 3)
+
+
+def _placement(recs: Sequence[StepRecord]) -> tuple[int, int]:
+    """(the most phones on one worker, workers that answered any step)."""
+    served: dict[int, Counter[str]] = {}
+    for r in recs:
+        if r.worker is not None:
+            served.setdefault(r.phone, Counter())[r.worker] += 1
+    home = Counter(c.most_common(1)[0][0] for c in served.values())
+    used = {r.worker for r in recs if r.worker is not None}
+    return max(home.values(), default=0), len(used)
+
+
 def summarise(
-    cfg: AgentSimConfig, recs: list[StepRecord], wall: float, loop_s: float = 0.0
-) -> AgentSimReport:
+    cfg: AgentSimConfig, recs: list[StepRecord], wall: float,
+    times: Sequence[PhoneTime] = (),
+) -> AgentSimReport:  # fmt: skip
     ok = [r for r in recs if r.status == "ok"]
     later = [r for r in ok if r.step > 0]
     first = [r for r in ok if r.step == 0]
     errors: dict[str, int] = {}
     for r in recs:
-        if r.status not in ("ok", "stale"):
+        if r.status not in ("ok", "stale", "superseded"):
             key = f"{r.status}:{r.code}"
             errors[key] = errors.get(key, 0) + 1
 
     cached = sum(r.cached_tokens for r in later)
 
-    def ratio(num: int, den: int) -> float:
+    def ratio(num: float, den: float) -> float:
         return round(num / den, 4) if den else 0.0
 
-    modelled = modelled_latency(recs, cfg.delay_scale, loop_s)
+    loop_s = sum(t.loop for t in times)
+    ideal_s = sum(t.ideal for t in times)
+    # A superseded step is the phone's own choice (it sent a fresher one), not a late one.
+    timed = [r for r in recs if r.step >= cfg.ramp_steps and r.status != "superseded"]
+    modelled = modelled_latency(timed, cfg.delay_scale, loop_s, ideal_s)
+    calibration = _calibration(recs)
+    steps_per_s, prefill_busy = _rates(cfg, recs, times, calibration)
+    executed = sum(t.actions for t in times)
+    most, used = _placement(recs)
     notes = [
         "latency: wall clock on this machine, publish to action, all services sharing its CPUs",
         "shared prefix counted with the sim tokenizer (exact for --engine sim)",
-    ]
+        f"phones: {'async' if cfg.asynchronous else 'sync'}, chunk {cfg.chunk}, "
+        f"{cfg.act_ms:g} ms per action"
+        + (f", next step {cfg.lead_s / cfg.scale * 1000:g} ms before a chunk ends"
+           if cfg.asynchronous else ""),
+    ]  # fmt: skip
     if modelled is not None:
         notes.append(
             "modelled: router + dispatch (measured, wall / delay_scale) + the sim engine's "
             "modelled queue, prefill and decode; harness frame drawing and everything outside "
             "admission->answer (preprocessing, NATS hops) reported apart, in wall ms"
         )
+    if cfg.ramp_steps:
+        notes.append(f"percentiles leave out each phone's first {cfg.ramp_steps} step(s) (ramp)")
+    if cfg.gpu is not None and calibration is not None and cfg.gpu != calibration.split("+")[0]:
+        notes.append(f"asked for gpu {cfg.gpu}, but the fleet modelled {calibration}")
     return AgentSimReport(
         config=cfg,
         steps=len(recs),
         ok=len(ok),
         stale=sum(r.status == "stale" for r in recs),
+        superseded=sum(r.status == "superseded" for r in recs),
         errors=errors,
         invalid_actions=sum(not r.valid for r in ok),
+        cut_answers=sum(r.code == "answer_cut" for r in recs),
         latency_p50_ms=round(percentile([r.latency_s for r in ok], 0.5) * 1000, 1),
         latency_p99_ms=round(percentile([r.latency_s for r in ok], 0.99) * 1000, 1),
         prefix_hit_rate=ratio(cached, sum(r.prompt_tokens for r in later)),
@@ -365,6 +703,17 @@ def summarise(
         ),
         reuse_efficiency=ratio(cached, sum(r.shared_tokens for r in later)),
         actions_per_s=round(len(ok) / wall, 2) if wall else 0.0,
+        actions_executed=executed,
+        actions_per_phone_s=round(ratio(executed, loop_s / cfg.scale), 3),
+        wait_share=ratio(sum(t.waiting_ideal for t in times), ideal_s),
+        wait_share_wall=ratio(sum(t.waiting for t in times), loop_s),
+        overtaken=sum(r.overtaken for r in recs),
+        switches=sum(t.switches for t in times),
+        calibration=calibration,
+        steps_per_s=steps_per_s,
+        prefill_busy=prefill_busy,
+        phones_per_worker_max=most,
+        workers_used=used,
         wall_s=round(wall, 2),
         notes=notes,
         modelled=modelled,
@@ -377,203 +726,58 @@ def agent_fleet(cfg: AgentSimConfig) -> Iterator[str]:
     if cfg.nats_url:
         yield cfg.nats_url
         return
-    sim = env_of(sim_delay_scale=cfg.delay_scale) if cfg.engine == "sim" else {}
+    sim: dict[str, str] = {}
+    if cfg.engine == "sim":
+        sim = env_of(sim_delay_scale=cfg.delay_scale)
+        if cfg.gpu is not None:
+            sim |= env_of(sim_gpu=cfg.gpu)
+    preprocessor = env_of(
+        frame_procs=1, max_pixels=cfg.max_pixels, frame_cache=cfg.frame_cache,
+        agent_layout=cfg.layout, agent_window=cfg.window,
+    )  # fmt: skip
     spec = FleetSpec(
         pools=(Pool("agent", cfg.workers, sim),), engine=cast(Engine, cfg.engine),
         # A load tool measures the fleet, not the default quotas: give its tenant room.
-        tenant_policy=UNMETERED,
-        service_env={"preprocessor": env_of(frame_procs=1, max_pixels=cfg.max_pixels,
-                                            frame_cache=cfg.frame_cache)},
+        tenant_policy=UNMETERED, service_env={"preprocessor": preprocessor},
     )  # fmt: skip
     with launch(spec, ready_timeout=READY_TIMEOUT) as fleet:
         yield fleet.nats_url
 
 
-async def _drive(cfg: AgentSimConfig, url: str) -> AgentSimReport:
+@dataclass
+class Played:
+    """What the phones of one run did: every step's record, every phone's time."""
+
+    records: list[StepRecord]
+    times: list[PhoneTime]
+    wall_s: float
+
+
+async def play(cfg: AgentSimConfig, url: str) -> Played:
+    """`cfg.phones` phones, `cfg.steps` steps each, against the fleet at `url`."""
     pools = [frame_pool(cfg, p) for p in range(cfg.phones)] if cfg.frame_pool else []
     bus = await connect(Settings(nats_url=url), "agent-sim")
-    model = _PrefixModel(cfg)
+    model = _PrefixModel(cfg, cfg.layout, cfg.window)
     recs: list[StepRecord] = []
-    loops = [_Loop() for _ in range(cfg.phones)]
+    times = [PhoneTime() for _ in range(cfg.phones)]
     run = new_id().lower()[-10:]
     t0 = time.perf_counter()
     try:
         async with asyncio.TaskGroup() as tg:
-            for phone in range(cfg.phones):
-                pool = pools[phone] if pools else []
-                tg.create_task(_phone(cfg, bus, run, phone, model, recs, pool, loops[phone]))
+            for p in range(cfg.phones):
+                phone = _Phone(cfg, bus, run, p, model, recs, pools[p] if pools else [], times[p])
+                tg.create_task(phone.run())
     finally:
         await bus.close()
-    loop_s = sum(lp.end - lp.start for lp in loops)
-    return summarise(cfg, recs, time.perf_counter() - t0, loop_s)
+    return Played(recs, times, time.perf_counter() - t0)
+
+
+async def drive(cfg: AgentSimConfig, url: str) -> AgentSimReport:
+    """`play`, summarised."""
+    played = await play(cfg, url)
+    return summarise(cfg, played.records, played.wall_s, played.times)
 
 
 def run_agent_sim(cfg: AgentSimConfig) -> AgentSimReport:
     with agent_fleet(cfg) as url:
-        return asyncio.run(_drive(cfg, url))
-
-
-# ---------------------------------------------------------------------------
-# Capacity search: the largest phone count whose modelled p99 meets the target.
-
-
-@dataclass
-class LoadResult:
-    phones: int
-    steps: int
-    ok: int
-    stale: int
-    errors: dict[str, int]
-    invalid_actions: int
-    wall_p50_ms: float
-    wall_p99_ms: float
-    modelled: ModelledLatency | None
-    passed: bool
-    reason: str
-
-
-@dataclass
-class CapacityReport:
-    target_p99_ms: float
-    capacity: int | None  # the largest passing load; None if the first load failed
-    at_capacity: LoadResult | None
-    first_failure: LoadResult | None
-    limit: str  # what limits it, in words
-    loads: list[LoadResult]  # in the order run
-    config: AgentSimConfig
-    wall_s: float
-    notes: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-
-def next_load(results: dict[int, bool], ladder: Sequence[int], resolution: int) -> int | None:
-    """The next phone count to try, or None when the search is done.
-
-    Climb `ladder` until a load fails, then bisect between the largest passing
-    and the smallest failing load until they are `resolution` apart or less.
-    A load below the first rung that fails ends the search (capacity below it).
-    """
-    for n in ladder:
-        if n not in results:
-            return n
-        if not results[n]:
-            break
-    passing = [n for n, ok in results.items() if ok]
-    failing = [n for n, ok in results.items() if not ok]
-    if not failing:
-        return None  # every rung passed: capacity is at least the top rung
-    hi = min(failing)
-    lo = max((n for n in passing if n < hi), default=0)
-    if lo == 0 or hi - lo <= resolution:
-        return None
-    mid = (lo + hi) // 2
-    return mid if mid not in results else None
-
-
-def judge(report: AgentSimReport, target_ms: float, min_loop_efficiency: float) -> LoadResult:
-    m = report.modelled
-    if m is None:
-        passed, reason = False, "no modelled timings (not a sim fleet?)"
-    elif m.loop_efficiency < min_loop_efficiency:
-        passed = False
-        reason = (
-            f"harness-bound: loop efficiency {m.loop_efficiency} < {min_loop_efficiency}, the "
-            "phones could not offer this load on this machine (raise --delay-scale)"
-        )
-    elif m.p99_ms > target_ms:
-        late = "not all steps ok" if math.isinf(m.p99_ms) else f"{m.p99_ms} ms"
-        passed, reason = False, f"modelled p99 {late} > {target_ms} ms (limit: {m.limit})"
-    else:
-        passed, reason = True, f"modelled p99 {m.p99_ms} ms <= {target_ms} ms"
-    return LoadResult(
-        phones=report.config.phones, steps=report.steps, ok=report.ok, stale=report.stale,
-        errors=report.errors, invalid_actions=report.invalid_actions,
-        wall_p50_ms=report.latency_p50_ms, wall_p99_ms=report.latency_p99_ms,
-        modelled=m, passed=passed, reason=reason,
-    )  # fmt: skip
-
-
-def explain_limit(at: LoadResult | None, fail: LoadResult | None) -> str:
-    """What limits capacity, from the p99 tails of the largest passing and first failing load.
-
-    Names the largest component group of the failing tail, and the component that
-    grew most between the two loads: a budget mostly spent on a fixed prefill and
-    decode can be tipped over by a little queueing, and both are worth knowing.
-    """
-    src = fail or at
-    if src is None or src.modelled is None:
-        return "unknown (no modelled timings)"
-    if fail is not None and fail.reason.startswith("harness-bound"):
-        return f"this machine: {fail.reason}"
-    t = src.modelled.tail_parts_ms
-    queue = t["router"] + t["dispatch"] + t["engine_queue"]
-    where = "beyond capacity" if src is fail else "at the largest load tried"
-    text = (
-        f"{src.modelled.limit} ({where}, {src.phones} phones, mean of the p99 tail: decode "
-        f"{t['decode']} ms, prefill {t['prefill']} ms, queueing {round(queue, 1)} ms = router "
-        f"{t['router']} + dispatch {t['dispatch']} + engine queue {t['engine_queue']})"
-    )
-    if fail is not None and fail.modelled is not None and at is not None and at.modelled:
-        before = at.modelled.tail_parts_ms
-        growth = {k: t[k] - before[k] for k in t if math.isfinite(t[k] - before[k])}
-        if growth:
-            grew = max(growth, key=lambda k: growth[k])
-            text += (
-                f"; from {at.phones} to {fail.phones} phones the tail grew most in {grew} "
-                f"(+{round(growth[grew], 1)} ms)"
-            )
-    return text
-
-
-def capacity_search(
-    measure: Callable[[int], LoadResult], ladder: Sequence[int], resolution: int
-) -> list[LoadResult]:
-    results: dict[int, bool] = {}
-    out: list[LoadResult] = []
-    while (n := next_load(results, ladder, resolution)) is not None:
-        res = measure(n)
-        results[n] = res.passed
-        out.append(res)
-    return out
-
-
-def run_capacity_search(
-    cfg: AgentSimConfig, ladder: Sequence[int], target_ms: float = 500.0,
-    resolution: int = 25, min_loop_efficiency: float = 0.8,
-) -> CapacityReport:  # fmt: skip
-    """Start one fleet (or use `cfg.nats_url`) and search it; see `next_load`."""
-    t0 = time.perf_counter()
-    # Every phone's pool frames, and the previous one, stay prepared across a load.
-    sized = replace(cfg, frame_cache=max(cfg.frame_cache, max(ladder) * (cfg.frame_pool + 1)))
-    with agent_fleet(sized) as url:
-        # Not measured: lets partition assignment settle and the services warm up, so the
-        # first rung does not pay the fleet's start-up.
-        asyncio.run(_drive(replace(sized, phones=min(ladder), steps=2), url))
-
-        def measure(n: int) -> LoadResult:
-            res = judge(asyncio.run(_drive(replace(sized, phones=n), url)), target_ms,
-                        min_loop_efficiency)  # fmt: skip
-            # A search takes minutes: say where it is (stderr, so --json stays clean).
-            print(f"agent-sim search: {n} phones: {res.reason}", file=sys.stderr, flush=True)
-            return res
-
-        loads = capacity_search(measure, ladder, resolution)
-    passing = [r for r in loads if r.passed]
-    at = max(passing, key=lambda r: r.phones) if passing else None
-    above = [r for r in loads if not r.passed and (at is None or r.phones > at.phones)]
-    fail = min(above, key=lambda r: r.phones) if above else None
-    return CapacityReport(
-        target_p99_ms=target_ms, capacity=at.phones if at else None, at_capacity=at,
-        first_failure=fail, limit=explain_limit(at, fail), loads=loads, config=sized,
-        wall_s=round(time.perf_counter() - t0, 1),
-        notes=[
-            "pass: modelled p99 <= target with every step answered ok (a step not ok counts "
-            f"as infinitely late) and loop efficiency >= {min_loop_efficiency}",
-            "modelled = router + dispatch (measured wall / delay_scale) + the sim engine's "
-            "modelled queue, prefill, decode; wall figures include this machine's CPU work",
-            f"resolution: bisection stops when pass and fail are <= {resolution} phones apart",
-            f"a 2-step warm-up with {min(ladder)} phones ran first and is not reported",
-        ],
-    )  # fmt: skip
+        return asyncio.run(drive(cfg, url))

@@ -16,12 +16,13 @@ How it is measured. Everything is read from the results the workers publish:
 
 - `prefix_hit_rate`: cached / prompt tokens of every request (`usage`), as the sim's
   prefix cache (chained 16-token block hashes, cache salt, LRU) reported them;
-- latencies are the sim's *modelled* time (`timings.modelled`: virtual seconds of its
-  A100 calibration), not wall clock: `step`/`request` = modelled total (queue for a
-  batch slot and KV + prefill + decode); TTFT = the sim's modelled arrival -> first
-  token;
-- `load_imbalance`: max / mean over workers of modelled busy time (total - queue, what
-  a GPU would spend on the requests), `worker_requests` the count per worker;
+- latencies are the sim's *modelled* time (`timings.modelled`: virtual seconds at its
+  GPU calibration, `calibration` in the JSON, `SY_SIM_GPU` picks it), not wall clock:
+  `step`/`request` = modelled total (queue for a batch slot and KV + prefill +
+  decode); TTFT = the sim's modelled arrival -> first token;
+- `load_imbalance`: max / mean over workers of modelled GPU busy time (each request's
+  share of the engine steps it ran in, `ModelledTimings.gpu`: what the GPU spent, not
+  the time requests waited behind each other), `worker_requests` the count per worker;
 - `stickiness`: the mean, over episodes (agent) or conversations (chat), of the share
   of its requests that ran on its most-used worker; for chat also how many workers each
   tenant's requests reached, and the busiest tenant's;
@@ -31,12 +32,11 @@ How it is measured. Everything is read from the results the workers publish:
 The wall clock follows the modelled one times `delay_scale`; on a loaded CPU the sims
 drift rather than burst (`SimEngine._sleep_until`), so the modelled latencies do not
 include this machine's contention, but a CPU that cannot keep up spreads the arrivals
-in modelled time (fewer requests in flight than the workload would have on GPUs). At the
-default `delay_scale` 1.0 the 2-core box is that bottleneck (fleet, client and sims
-share one event loop: ~170 agent steps/s), so a smaller scale would not make the run
-faster, only thin the modelled load further; the default agent run (200 x 20 on 8
-workers) takes 23-36 s per policy, under 2 minutes for all three. At 3.0 it took twice
-as long and moved the modelled latencies by under 3 %. Requests are sent with
+in modelled time (fewer requests in flight than the workload would have on GPUs). The
+box manages ~170 agent steps/s (fleet, client and sims share one event loop). The agent
+phones act `act_s` (8 s, drawn 4-12 s) between steps, ~23 modelled steps/s in all, so
+`--delay-scale 0.25` keeps up and runs the three policies in ~4.5 minutes (at 1.0 they
+take ~9); the chat lanes send back to back and need 1.0 (~3 minutes). Requests are sent with
 `stream=False` (the end frame only), so the CPU goes to routing and serving rather
 than to per-token frames; placement does not depend on it.
 """
@@ -61,6 +61,7 @@ from switchyard import subjects
 from switchyard.bench.peers.clients import Outcome, nats_generate
 from switchyard.bench.peers.stats import imbalance
 from switchyard.bench.routeload import (
+    AGENT_ACT_S,
     FRAME,
     MAX_TOKENS,
     SYSTEM_PROMPT,
@@ -105,6 +106,7 @@ class RouteConfig:
     seed: int = 0
     sessions: int = 200  # agent: episodes, all at once
     steps: int = 20  # agent: steps per episode
+    act_s: float = AGENT_ACT_S  # agent: modelled seconds a phone acts between steps
     chat: ChatConfig = field(default_factory=ChatConfig)
     partitions: int = 64
     policies: tuple[Policy, ...] = POLICIES
@@ -130,13 +132,15 @@ class PolicyResult:
     load_imbalance: float  # max / mean of per-worker modelled busy time
     stickiness: float  # mean share of a thread's requests on its most-used worker
     worker_requests: list[int]
-    worker_busy_s: list[float]  # modelled prefill + decode per worker
+    worker_busy_s: list[float]  # modelled GPU time per worker (`ModelledTimings.gpu`)
     tenant_workers: dict[str, int]  # chat: workers each tenant's requests reached
     tenant_requests: dict[str, int]
     busiest_tenant: str | None
     busiest_tenant_share: float  # of all completed requests
     busiest_tenant_workers: int
     wall_s: float  # how long this policy's run took on this machine (not a result)
+    # The sim GPU preset(s) the modelled figures are at (`ModelledTimings.calibration`).
+    calibration: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,8 @@ class RouteBench:
         }  # fmt: skip
         if c.workload == "agent":
             config |= {
-                "sessions": c.sessions, "steps": c.steps, "frame": f"{FRAME[0]}x{FRAME[1]}",
+                "sessions": c.sessions, "steps": c.steps, "act_s": c.act_s,
+                "frame": f"{FRAME[0]}x{FRAME[1]}",
                 "max_tokens": MAX_TOKENS,
                 "system_prompt_tokens": len(pseudo_tokens(SYSTEM_PROMPT)),
             }  # fmt: skip
@@ -173,7 +178,7 @@ def summarise(run: Run, workers: list[str], duplicates: int) -> PolicyResult:
     modelled = [(r, o, o.modelled) for r, o in done if o.modelled is not None]
     busy_by: defaultdict[str | None, float] = defaultdict(float)
     for _, o, m in modelled:
-        busy_by[o.worker] += m.total - m.queue  # being served, not waiting for a slot
+        busy_by[o.worker] += m.gpu  # its share of the steps: waiting behind others is not
     per_worker = Counter(o.worker for _, o in done)
     threads: defaultdict[str, list[str | None]] = defaultdict(list)
     tenants: defaultdict[str, set[str | None]] = defaultdict(set)
@@ -204,6 +209,7 @@ def summarise(run: Run, workers: list[str], duplicates: int) -> PolicyResult:
         busiest_tenant_share=round(tenant_requests[busiest] / len(done), 4) if busiest else 0.0,
         busiest_tenant_workers=len(tenants[busiest]) if busiest else 0,
         wall_s=round(run.wall_s, 2),
+        calibration=sorted({m.calibration or "unlabelled" for _, _, m in modelled}),
     )  # fmt: skip
 
 
@@ -287,7 +293,7 @@ async def run_policy(cfg: RouteConfig, policy: Policy) -> PolicyResult:
 
 def _drive(cfg: RouteConfig, send: Callable[[BenchRequest], Awaitable[Outcome]]) -> Awaitable[Run]:
     if cfg.workload == "agent":
-        return run_agent(cfg.sessions, cfg.steps, cfg.seed, send)
+        return run_agent(cfg.sessions, cfg.steps, cfg.seed, send, cfg.act_s, cfg.delay_scale)
     return run_chat(cfg.chat, send)
 
 

@@ -455,14 +455,32 @@ async def _send(send: Send, request: BenchRequest, run: Run) -> str:
     return outcome.text
 
 
-async def run_agent(sessions: int, steps: int, seed: int, send: Send) -> Run:
-    """Every episode at once, each a closed loop over its steps."""
+# Seconds a phone spends acting on an answer before its next step (its action plays out,
+# the screen settles): the load 200 phones offer 8 A100s at 720p (`pair` prompts, ~2,100
+# tokens to prefill a step, ~0.23 s of GPU) is then ~2/3 of their prefill rate (~9k
+# tokens/s each). Back to back (0) they would ask for ~4x what the GPUs can prefill.
+AGENT_ACT_S = 8.0
+
+
+async def run_agent(
+    sessions: int, steps: int, seed: int, send: Send, act_s: float = 0.0, scale: float = 1.0
+) -> Run:
+    """Every episode at once, each a loop over its steps, acting after each answer for
+    0.5-1.5 x `act_s` modelled seconds (x `scale` wall), drawn per episode from `seed`;
+    the first steps are spread over one `act_s`, as phones that started apart are. The
+    spread matters: phones that act for exactly as long as each other, on one worker,
+    fall into step (a burst that queued together finishes together, and its phones come
+    back together), a lockstep no real game keeps."""
     run = Run()
 
     async def episode(session: int) -> None:
+        rng = random.Random(f"{seed}:act:{session}")
         history: list[str] = []
+        await asyncio.sleep(act_s * scale * session / max(1, sessions))
         for step in range(steps):
             history.append(await _send(send, AgentStep(seed, session, step, tuple(history)), run))
+            if step + 1 < steps and act_s > 0:
+                await asyncio.sleep(act_s * scale * rng.uniform(0.5, 1.5))
 
     started = time.perf_counter()
     await asyncio.gather(*(episode(s) for s in range(sessions)))

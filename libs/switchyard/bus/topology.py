@@ -24,6 +24,7 @@ ASSIGNMENTS_BUCKET = "fleet_assignments"  # <pool>.p<k> -> Assignment (CAS)
 SESSIONS_BUCKET = "fleet_sessions"  # <pool>.<tenant>.<session> -> SessionRoute
 TENANTS_BUCKET = "fleet_tenants"  # <tenant>.<router> -> TenantStatus (TTL)
 IDEMPOTENCY_BUCKET = "idempotency"  # <tenant>.<key hash> -> Claim (TTL)
+WINDOWS_BUCKET = "agent_windows"  # <pool>.<tenant>.<session>.<step> -> WindowFrame (TTL)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ class TopologySettings(Settings):
     # How long a session keeps its worker after its last request (the router's
     # `session_ttl` must be the same: it expires its mirror of the bucket by it).
     session_ttl: float = Field(default=600.0, gt=0)
+    # How long an agent session's window frames outlive its last step (KV `agent_windows`);
+    # a session that pauses longer restarts its window (services/preprocessor/window.py).
+    agent_window_ttl: float = Field(default=120.0, gt=0)
     pools: list[str] = ["agent", "sql", "llm"]
     work_ack_wait: float = Field(default=30.0, gt=0)
     # How long a crashed router's queued requests wait before another router gets them.
@@ -177,5 +181,6 @@ def build_topology(s: TopologySettings) -> Topology:
         BucketSpec(IDEMPOTENCY_BUCKET, s.idempotency_ttl, 1, "Idempotency-Key -> request id."),
         BucketSpec(SESSIONS_BUCKET, s.session_ttl, 1, "Session -> worker (TTL, create/CAS)."),
         BucketSpec(TENANTS_BUCKET, s.heartbeat_ttl, 1, "Per-tenant usage, from each router."),
+        BucketSpec(WINDOWS_BUCKET, s.agent_window_ttl, 1, "Agent sessions' window frames (TTL)."),
     )
     return Topology(streams, tuple(consumers), buckets)

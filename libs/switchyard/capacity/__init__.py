@@ -4,6 +4,7 @@ Importable by other code and tests; `sy plan` is a thin CLI over `plan()`.
 Units: see `units` (GB = 10^9 bytes, GiB = 2^30 bytes).
 """
 
+from switchyard.capacity.calibration import SIM_GPUS, SimCalibration, SimGpu, sim_calibration
 from switchyard.capacity.cost import cost_per_million_tokens, cost_per_thousand_requests
 from switchyard.capacity.errors import CapacityInputError, ModelDoesNotFit
 from switchyard.capacity.interconnect import ReplicaAdvice, advise, smallest_replica
@@ -27,11 +28,11 @@ from switchyard.capacity.presets import GPUS, MODELS, GpuSpec, ModelSpec, gpu_pr
 from switchyard.capacity.units import GB, UNITS_NOTE, GiB, MemUnit, MiB, parse_params
 
 __all__ = [
-    "GB", "GPUS", "MODELS", "UNITS_NOTE", "CapacityInputError", "CapacityPlan", "GiB",
-    "GpuSpec", "Hardware", "MemUnit", "MemoryInput", "MemoryPlan", "MiB", "ModelDoesNotFit",
-    "ModelSpec", "PlanRequest", "ReplicaAdvice", "StepLatency", "advise", "cost_per_million_tokens",
-    "cost_per_thousand_requests",
+    "GB", "GPUS", "MODELS", "SIM_GPUS", "UNITS_NOTE", "CapacityInputError", "CapacityPlan",
+    "GiB", "GpuSpec", "Hardware", "MemUnit", "MemoryInput", "MemoryPlan", "MiB",
+    "ModelDoesNotFit", "ModelSpec", "PlanRequest", "ReplicaAdvice", "SimCalibration", "SimGpu",
+    "StepLatency", "advise", "cost_per_million_tokens", "cost_per_thousand_requests",
     "decode_step_seconds", "decode_tokens_per_second", "gpu_preset", "kv_bytes_per_token",
     "max_batch_for_tpot", "max_concurrency", "model_preset", "parse_params", "plan",
-    "plan_memory", "prefill_seconds", "smallest_replica",
+    "plan_memory", "prefill_seconds", "sim_calibration", "smallest_replica",
 ]  # fmt: skip

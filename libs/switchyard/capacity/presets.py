@@ -61,6 +61,14 @@ MODELS: dict[str, ModelSpec] = {
         name="Qwen2.5-7B-Instruct", params_b=7.61, layers=28, kv_heads=4, head_dim=128,
         source="huggingface.co/Qwen/Qwen2.5-7B-Instruct config.json + model card",
     ),
+    # https://huggingface.co/Qwen/Qwen2.5-VL-7B-Instruct config.json: num_hidden_layers 28,
+    # num_attention_heads 28, num_key_value_heads 4, hidden_size 3584 (head_dim 128): the
+    # language model is Qwen2.5-7B's; 8.29B parameters with the 675M vision encoder (BF16
+    # safetensors ~16.6 GB). The model the `sim` engine is calibrated for (`calibration`).
+    "qwen2.5-vl-7b": ModelSpec(
+        name="Qwen2.5-VL-7B-Instruct", params_b=8.29, layers=28, kv_heads=4, head_dim=128,
+        source="huggingface.co/Qwen/Qwen2.5-VL-7B-Instruct config.json + model card",
+    ),
     # https://huggingface.co/Qwen/Qwen3-VL-8B-Instruct config.json text_config: num_hidden_layers
     # 36, num_attention_heads 32, num_key_value_heads 8, head_dim 128; 8.77B parameters in
     # total (language model ~8.2B + vision encoder), BF16 safetensors ~17.5 GB.

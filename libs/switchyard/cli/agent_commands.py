@@ -12,9 +12,15 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from switchyard.bench.agentsim import CapacityReport
+    from switchyard.bench.agentsearch import CapacityReport
 
-DEFAULT_LADDER = "50,100,200,400,600,800"
+DEFAULT_LADDER = "10,25,50,100,200,400,600,800"
+# What a search on this project's 2-core machine needs to keep up (loop efficiency
+# >= 0.99 at the loads it climbs to), measured: the sim's wall clock slowed 4 x, so the
+# fleet's CPU work per step is small beside a step's modelled time, and two frames per
+# phone drawn before the run (cycled), so the phones draw nothing while they play.
+SEARCH_DELAY_SCALE = 4.0
+SEARCH_FRAME_POOL = 2
 
 
 def agent_sim(
@@ -26,40 +32,104 @@ def agent_sim(
     stale_after: float | None = typer.Option(
         None, help="wall s; default 2 x delay scale (sim), 60 (llamacpp)"
     ),
-    max_tokens: int = typer.Option(48, min=8, max=512),
+    max_tokens: int | None = typer.Option(
+        None, min=8, max=512, help="default: what the action format and chunk need"
+    ),
+    layout: str = typer.Option(
+        "pair",
+        help="prompt layout pair|single|window (the started preprocessor's; with "
+        "--nats, the running fleet's)",
+    ),
+    window: int = typer.Option(8, min=1, max=16, help="--layout window: frames per window"),
+    action_format: str = typer.Option("json", help="answers as json or compact lines"),
+    gpu: str | None = typer.Option(
+        None, help="sim calibration a100|h100|rtx5090 of the started workers (SY_SIM_GPU)"
+    ),
+    chunk: int = typer.Option(1, min=1, max=5, help="actions per answer"),
+    act_ms: float = typer.Option(0.0, min=0.0, help="modelled ms one action takes on the phone"),
+    asynchronous: bool = typer.Option(
+        False, "--async", help="send the next step while the chunk executes"
+    ),
+    lead_ms: float | None = typer.Option(
+        None, min=0.0, help="--async: send it this long before the chunk ends (default act-ms)"
+    ),
+    clock_skew: float = typer.Option(0.0, help="the phones' clock minus the fleet's, s"),
     scatter: bool = typer.Option(False, help="new partition key per step (no affinity)"),
     nats_url: str | None = typer.Option(None, "--nats", help="a running fleet; start nothing"),
-    delay_scale: float = typer.Option(
-        1.0, min=0.0, help="sim: wall s per modelled s (SY_SIM_DELAY_SCALE of started workers)"
+    delay_scale: float | None = typer.Option(
+        None,
+        min=0.0,
+        help="sim: wall s per modelled s (SY_SIM_DELAY_SCALE of started "
+        f"workers); default 1, {SEARCH_DELAY_SCALE:g} with --search",
     ),
-    frame_pool: int = typer.Option(
-        0, min=0, max=64, help="frames drawn per phone before the run, then cycled; 0 = live"
+    frame_pool: int | None = typer.Option(
+        None,
+        min=0,
+        max=64,
+        help="frames drawn per phone before the run, then cycled; 0 = "
+        f"live; default 0, {SEARCH_FRAME_POOL} with --search",
     ),
     stagger: float | None = typer.Option(
-        None, min=0.0, help="wall s over which phones start; default 0, or 0.5 x delay scale"
+        None,
+        min=0.0,
+        help="wall s over which phones start; default 0, or with --search "
+        "one step cadence (chunk x act-ms + 0.5 s, x delay scale)",
+    ),
+    ramp_steps: int | None = typer.Option(
+        None,
+        min=0,
+        help="steps per phone left out of the percentiles; default 0, or 1 "
+        "with --search and 3+ steps",
     ),
     search: bool = typer.Option(False, help="capacity search over --loads (sim engine)"),
     loads: str = typer.Option(DEFAULT_LADDER, help="--search: phone counts to climb"),
     target_ms: float = typer.Option(500.0, help="--search: modelled p99 target"),
-    search_step: int = typer.Option(25, min=1, help="--search: bisect until this close"),
-    min_loop_efficiency: float = typer.Option(0.8, min=0.0, max=1.0, help="--search"),
+    search_step: int = typer.Option(5, min=1, help="--search: bisect until this close"),
+    min_loop_efficiency: float = typer.Option(
+        0.99, min=0.0, max=1.0, help="--search: a load the harness kept up with less fails"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """N phones, each a strict step -> action loop; latency, staleness and prefix reuse."""
-    from switchyard.bench.agentsim import AgentSimConfig, run_agent_sim, run_capacity_search
+    """N phones: step -> action chunk loops; latency, staleness, prefix reuse, capacity."""
+    from switchyard.agentactions import ACTION_FORMATS
+    from switchyard.agentprompt import LAYOUTS
+    from switchyard.bench.agentsearch import run_capacity_search
+    from switchyard.bench.agentsim import AgentSimConfig, AgentSimConfigError, run_agent_sim
+    from switchyard.capacity.calibration import SIM_GPUS
 
+    if layout not in LAYOUTS:
+        raise typer.BadParameter(f"one of {', '.join(LAYOUTS)}", param_hint="--layout")
+    if action_format not in ACTION_FORMATS:
+        raise typer.BadParameter(f"one of {', '.join(ACTION_FORMATS)}",
+                                 param_hint="--action-format")  # fmt: skip
+    if gpu is not None and gpu not in SIM_GPUS:
+        raise typer.BadParameter(f"one of {', '.join(SIM_GPUS)}", param_hint="--gpu")
     w, _, h = resolution.partition("x")
     sim = engine == "sim"
-    cfg = AgentSimConfig(
-        phones=phones, steps=steps, engine=engine,
-        workers=workers or (8 if sim else 1), width=int(w), height=int(h),
-        # llama.cpp on a CPU serves one step at a time: a 2 s budget would drop most.
-        # A slowed sim clock (delay scale) stretches the wall budget with it.
-        stale_after=stale_after or (2.0 * max(delay_scale, 1.0) if sim else 60.0),
-        max_tokens=max_tokens, scatter=scatter, nats_url=nats_url,
-        delay_scale=delay_scale if sim else 1.0, frame_pool=frame_pool,
-        stagger_s=stagger if stagger is not None else (0.5 * delay_scale if search else 0.0),
-    )  # fmt: skip
+    scale = delay_scale if delay_scale is not None else (SEARCH_DELAY_SCALE if search else 1.0)
+    scale = scale if sim else 1.0
+    # One step's cadence in wall seconds: phones spread over it start at every phase.
+    cadence = (chunk * act_ms / 1000 + 0.5) * scale
+    try:
+        cfg = AgentSimConfig(
+            phones=phones, steps=steps, engine=engine,
+            workers=workers or (8 if sim else 1), width=int(w), height=int(h),
+            # llama.cpp on a CPU serves one step at a time: a 2 s budget would drop most.
+            # A slowed sim clock (delay scale) stretches the wall budget with it.
+            stale_after=stale_after or (2.0 * max(scale, 1.0) if sim else 60.0),
+            max_tokens=max_tokens, scatter=scatter, nats_url=nats_url, delay_scale=scale,
+            frame_pool=frame_pool if frame_pool is not None else
+            (SEARCH_FRAME_POOL if search else 0),
+            stagger_s=stagger if stagger is not None else (cadence if search else 0.0),
+            layout=layout, window=window,
+            action_format=action_format, gpu=gpu,
+            chunk=chunk, act_ms=act_ms, asynchronous=asynchronous, lead_ms=lead_ms,
+            clock_skew_s=clock_skew,
+            ramp_steps=ramp_steps if ramp_steps is not None else
+            (1 if search and steps >= 3 else 0),
+        )  # fmt: skip
+    except AgentSimConfigError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     if search:
         ladder = sorted({int(n) for n in loads.split(",") if n.strip()})
         report = run_capacity_search(cfg, ladder, target_ms, search_step, min_loop_efficiency)
@@ -89,41 +159,47 @@ def _finite(value: object) -> object:
 
 def _print_search(report: CapacityReport) -> None:
     c = report.config
+    mode = "async" if c.asynchronous else "sync"
     table = Table(
-        title=f"agent capacity: {c.workers} {c.engine} workers, {c.width}x{c.height} frames, "
-        f"max_tokens {c.max_tokens}, {c.steps} steps/phone, delay scale {c.delay_scale}"
+        title=f"agent capacity: {c.workers} {c.engine} workers ({report.calibration or '?'}), "
+        f"{c.width}x{c.height} frames, layout {c.layout}, {c.action_format} answers, "
+        f"{mode} chunk {c.chunk} x {c.act_ms:g} ms, {c.steps} steps/phone, delay scale "
+        f"{c.delay_scale}"
     )
-    cols = ("phones", "steps", "ok", "stale", "err", "wall p50", "wall p99", "model p50",
-            "model p99", "p99 tail: queue", "prefill", "decode", "loop eff", "outside p50",
-            "pass")  # fmt: skip
+    cols = ("phones", "steps", "ok", "stale", "sup", "err", "model p50", "model p99",
+            "p99 tail: queue", "prefill", "decode", "steps/s", "GPU prefill", "wait",
+            "loop eff", "outside p50", "max/worker", "pass")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="right")
     for r in report.loads:
         m = r.modelled
         t = m.tail_parts_ms if m else {}
         queue = round(t.get("router", 0) + t.get("dispatch", 0) + t.get("engine_queue", 0), 1)
+        busy = f"{round(r.prefill_busy * 100)} %" if r.prefill_busy is not None else "-"
         table.add_row(
-            str(r.phones), str(r.steps), str(r.ok), str(r.stale), str(sum(r.errors.values())),
-            f"{r.wall_p50_ms}", f"{r.wall_p99_ms}",
+            str(r.phones), str(r.steps), str(r.ok), str(r.stale), str(r.superseded),
+            str(sum(r.errors.values())),
             f"{m.p50_ms}" if m else "-", f"{m.p99_ms}" if m else "-",
             f"{queue}" if m else "-", f"{t.get('prefill', '-')}", f"{t.get('decode', '-')}",
+            f"{r.steps_per_s}", busy, f"{round(r.wait_share * 100)} %",
             f"{m.loop_efficiency}" if m else "-", f"{m.outside_p50_ms}" if m else "-",
-            "yes" if r.passed else "no",
+            str(r.phones_per_worker_max), "yes" if r.passed else "no",
         )  # fmt: skip
     con = Console()
     con.print(table)
     at = report.at_capacity
-    if at is None or at.modelled is None or report.capacity is None:
+    if at is None or at.modelled is None or report.capacity_phones is None:
         con.print(f"capacity: below {report.loads[0].phones} phones ({report.loads[0].reason})")
     else:
+        n = report.capacity_phones
         ratio = round(at.modelled.p99_ms / report.target_p99_ms, 2)
         con.print(
-            f"capacity: {report.capacity} phones ({report.capacity / c.workers:.0f} per worker) "
-            f"with modelled p50 {at.modelled.p50_ms} ms, p99 {at.modelled.p99_ms} ms "
-            f"({ratio} x the {report.target_p99_ms:.0f} ms target); wall p50 {at.wall_p50_ms} "
-            f"ms, p99 {at.wall_p99_ms} ms on this machine"
+            f"capacity: {n} phones ({n / c.workers:.0f} per worker) with modelled p50 "
+            f"{at.modelled.p50_ms} ms, p99 {at.modelled.p99_ms} ms ({ratio} x the "
+            f"{report.target_p99_ms:.0f} ms target); {at.actions_per_phone_s} actions per "
+            f"phone per s, {round(at.wait_share * 100)} % of phone time waiting on inference"
         )
-    con.print(f"limit: {report.limit}")
+    con.print(f"limit: {report.limit}: {report.limit_detail}")
     if report.first_failure is not None:
         con.print(
             f"first failure: {report.first_failure.phones} phones: {report.first_failure.reason}"

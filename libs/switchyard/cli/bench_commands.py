@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from switchyard.bench.routeload import ChatConfig
+from switchyard.bench.routeload import AGENT_ACT_S, ChatConfig
 from switchyard.cli import peers_commands
 
 console = Console()
@@ -56,6 +56,9 @@ def route_cmd(
     workers: int = typer.Option(8, min=1, help="sim workers per policy"),
     sessions: int = typer.Option(200, min=1, help="agent: concurrent episodes"),
     steps: int = typer.Option(20, min=1, help="agent: steps per episode"),
+    act_s: float = typer.Option(
+        AGENT_ACT_S, "--act-s", min=0.0, help="agent: modelled s a phone acts between steps"
+    ),
     tenants: int = typer.Option(
         CHAT.tenants, min=1, help="chat: tenants, each its own system prompt"
     ),
@@ -95,7 +98,7 @@ def route_cmd(
     chat = ChatConfig(tenants, conversations, turns, one_shots, lanes, skew, seed)
     cfg = RouteConfig(
         workload=workload, workers=workers, delay_scale=delay_scale,
-        seed=seed, sessions=sessions, steps=steps, chat=chat,
+        seed=seed, sessions=sessions, steps=steps, act_s=act_s, chat=chat,
         policies=cast("tuple[Policy, ...]", chosen), nats_url=nats_url,
     )  # fmt: skip
     # The services log as they start and stop; keep stdout for the table or the JSON.

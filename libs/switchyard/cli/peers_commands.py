@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 
-from switchyard.bench.routeload import ChatConfig
+from switchyard.bench.routeload import AGENT_ACT_S, ChatConfig
 
 if TYPE_CHECKING:
     from switchyard.bench.peers.overhead import OverheadConfig
@@ -92,7 +92,8 @@ def _overhead_cfg(requests: int, concurrency: int, block: int) -> OverheadConfig
 
 def _routing_cfg(sessions: int, steps: int, backends: int, delay_scale: float, seed: int,
                  policy: list[str] | None, workload: str, tenants: int, conversations: int,
-                 turns: int, one_shots: int, lanes: int) -> RoutingConfig:  # fmt: skip
+                 turns: int, one_shots: int, lanes: int,
+                 act_s: float) -> RoutingConfig:  # fmt: skip
     from switchyard.bench.peers.routing import ALL_POLICIES, RoutingConfig
     from switchyard.bench.routeload import WORKLOADS
 
@@ -106,7 +107,7 @@ def _routing_cfg(sessions: int, steps: int, backends: int, delay_scale: float, s
         raise typer.BadParameter("the chat workload needs conversations or one-shot requests")
     chat = ChatConfig(tenants, conversations, turns, one_shots, lanes, seed=seed)
     return RoutingConfig(sessions, steps, backends, delay_scale, seed, chosen,
-                         workload, chat)  # fmt: skip
+                         workload, chat, act_s)  # fmt: skip
 
 
 REQUESTS = typer.Option(2000, min=10, help="overhead: requests per path")
@@ -115,6 +116,9 @@ BLOCK = typer.Option(200, min=10, help="overhead: requests per interleaved block
 WORKLOAD = typer.Option("agent", help="routing: agent (episodes) or chat (tenants)")
 SESSIONS = typer.Option(200, min=1, help="routing, agent: episodes, all at once")
 STEPS = typer.Option(20, min=1, help="routing, agent: steps per episode")
+ACT = typer.Option(
+    AGENT_ACT_S, "--act-s", min=0.0, help="routing, agent: modelled s a phone acts between steps"
+)
 _CHAT = ChatConfig()  # the chat workload's defaults
 TENANTS = typer.Option(_CHAT.tenants, min=1, help="routing, chat: tenants, each its own prompt")
 CONVERSATIONS = typer.Option(
@@ -144,12 +148,12 @@ def routing_cmd(
     tenants: int = TENANTS, conversations: int = CONVERSATIONS, turns: int = TURNS,
     one_shots: int = ONE_SHOTS, lanes: int = LANES, backends: int = BACKENDS,
     delay_scale: float = DELAY, seed: int = SEED, policy: list[str] | None = POLICY,
-    out: Path = OUT, as_json: bool = AS_JSON,
+    out: Path = OUT, as_json: bool = AS_JSON, act_s: float = ACT,
 ) -> None:  # fmt: skip
     """Prefix-cache hits, latency and balance of each routing policy on one workload."""
     _run(out, as_json, None, _routing_cfg(sessions, steps, backends, delay_scale, seed, policy,
                                           workload, tenants, conversations, turns, one_shots,
-                                          lanes))  # fmt: skip
+                                          lanes, act_s))  # fmt: skip
 
 
 @peers.command("all")
@@ -159,12 +163,12 @@ def all_cmd(
     tenants: int = TENANTS, conversations: int = CONVERSATIONS, turns: int = TURNS,
     one_shots: int = ONE_SHOTS, lanes: int = LANES, backends: int = BACKENDS,
     delay_scale: float = DELAY, seed: int = SEED, policy: list[str] | None = POLICY,
-    out: Path = OUT, as_json: bool = AS_JSON,
+    out: Path = OUT, as_json: bool = AS_JSON, act_s: float = ACT,
 ) -> None:  # fmt: skip
     """Both runs, one after the other; one JSON, one PNG."""
     _run(out, as_json, _overhead_cfg(requests, concurrency, block),
          _routing_cfg(sessions, steps, backends, delay_scale, seed, policy, workload, tenants,
-                      conversations, turns, one_shots, lanes))  # fmt: skip
+                      conversations, turns, one_shots, lanes, act_s))  # fmt: skip
 
 
 def register(bench: typer.Typer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from pydantic import ValidationError
 
 
 def sim_server(
@@ -11,6 +12,10 @@ def sim_server(
     model: str = typer.Option("sim", help="the model id /v1/models reports"),
     delay_scale: float = typer.Option(
         1.0, min=0, help="wall s per modelled s; 0 answers instantly (overhead runs)"
+    ),
+    gpu: str | None = typer.Option(
+        None,
+        help="calibration preset: a100, h100 or rtx5090 (default: SY_SIM_GPU, else a100)",
     ),
     kv_blocks: int | None = typer.Option(
         None, min=1, help="KV cache size in 16-token blocks (default: SY_SIM_KV_CAPACITY_TOKENS)"
@@ -28,12 +33,23 @@ def sim_server(
     overrides: dict[str, object] = {"delay_scale": delay_scale, "seed": seed}
     if max_num_seqs is not None:
         overrides["max_num_seqs"] = max_num_seqs
-    settings = SimSettings(**overrides)  # type: ignore[arg-type]
+    if gpu is not None:
+        overrides["gpu"] = gpu
+    try:
+        settings = SimSettings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as e:
+        raise typer.BadParameter(_first_error(e)) from None
     if kv_blocks is not None:
         settings = settings.model_copy(
             update={"kv_capacity_tokens": kv_blocks * settings.block_size}
         )
     run_sim_server(settings, host=host, port=port, model=model, log_level=log_level)
+
+
+def _first_error(e: ValidationError) -> str:
+    first = e.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg"))
 
 
 def register(app: typer.Typer) -> None:

@@ -11,7 +11,8 @@ ENGINE_KINDS: tuple[EngineKind, ...] = ("vllm", "llamacpp", "sim")
 
 def make_engine(kind: str, *, instances: int = 1) -> Engine:
     """An engine of `kind` with settings from the environment (`SY_LLAMACPP_*`, `SY_SIM_*`,
-    `SY_VLLM_*`). `instances` > 1 runs that many one-sequence engines side by side."""
+    `SY_VLLM_*`; `SY_SIM_GPU` picks the sim's calibration preset). `instances` > 1 runs
+    that many one-sequence engines side by side."""
     if kind == "llamacpp":
         from switchyard.engines.llamacpp import LlamaCppEngine, LlamaCppSettings
 

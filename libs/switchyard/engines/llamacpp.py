@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, cast
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from switchyard.agentactions import answer_gbnf
 from switchyard.config import SectionSettings
 from switchyard.engines.base import (
     Capabilities,
@@ -43,6 +44,7 @@ from switchyard.engines.base import (
 )
 from switchyard.engines.model_files import smollm2_gguf
 from switchyard.messages.inference import (
+    ActionsConstraint,
     ChatMessage,
     ChoiceConstraint,
     Constraint,
@@ -513,6 +515,11 @@ def _grammar(llm: Llama, constraint: Constraint) -> LlamaGrammar | None:
         gbnf = constraint.gbnf
     elif isinstance(constraint, ChoiceConstraint):
         gbnf = choice_gbnf(constraint.choices)
+    elif isinstance(constraint, ActionsConstraint):
+        # Our own grammar, not json_schema_to_gbnf's: that one ignores integer bounds and
+        # allows whitespace, so its longest answer would outgrow the step's max_tokens.
+        c = constraint
+        gbnf = answer_gbnf(c.action_format, c.chunk, c.thought)
     else:
         raise EngineError(
             f"the llamacpp engine does not support {constraint.type} constraints",

@@ -4,20 +4,39 @@
 meaningful text. It reproduces what a router and a load test can observe of a
 vLLM engine: continuous batching up to `max_num_seqs`, a paged KV cache of
 16-token blocks with prefix caching (chained block hashes, cache salt, LRU
-eviction), TTFT that grows with uncached prompt tokens, TPOT that grows with the
-batch, and outputs of the requested shape (exactly `max_tokens`, or a JSON
-instance of the requested schema).
+eviction), chunked prefill that serialises the compute of uncached prompt tokens
+(TTFT grows with them and with the prefills ahead), TPOT that grows with the batch
+and with the prefill a step carries, and outputs of the requested shape (exactly
+`max_tokens`, or a JSON instance of the requested schema).
 
-Time model (virtual seconds; the wall clock follows it times `delay_scale`):
+Time model (virtual seconds; the wall clock follows it times `delay_scale`). The
+engine runs in steps, as vLLM's scheduler does with chunked prefill (on by default):
 
-- TPOT(batch) = step_overhead + tpot_base + tpot_per_seq * batch, where batch
-  counts every running sequence (prefilling ones share the forward pass).
-- A request is admitted when a slot and its KV blocks are free (FCFS), then
-  prefills for uncached_tokens * prefill_cost_per_token, then joins the decode
-  batch at the next step boundary and emits one token per step. So
-  TTFT = queue wait + prefill + alignment to a step boundary + one decode step.
-- Prefill does not lengthen other sequences' decode steps (the calibration
-  point below was measured with that interference folded into the TPOT slope).
+- Each step serves every decoding sequence one token and, with what is left of a
+  token budget of `max_num_batched_tokens` (a decoding sequence takes one token of
+  it), prefill chunks of admitted sequences in admission order; a prompt longer
+  than what is left is chunked over the following steps (vLLM: decodes first, then
+  pending prefills, chunked to fit).
+- step(B, P) = step_overhead + tpot_base + tpot_per_seq * B + prefill_cost_per_token * P,
+  B = sequences in the step (decoding and prefilling), P = prefill tokens it carries.
+  A step without prefill is the decode step TPOT(B), bandwidth-bound; prefill is
+  compute-bound and serialised through the steps: N frames arriving together cost
+  N times one frame's prefill before the last one's first token, and the sequences
+  decoding meanwhile see the longer steps (ITL spikes).
+- A request is admitted (FCFS) when a slot and its KV blocks are free, waits for
+  the step under way to end (alignment), then its chunks ride the next steps; the
+  step that carries its last chunk emits its first token, each later step one more.
+  So TTFT = queue + alignment + the steps until its prefill is done; the timings
+  (`SimTimings`) keep queue, prefill (step boundary -> first token) and the rest.
+- Timings are exact and deterministic at delay_scale 0 (arrivals then land on step
+  boundaries); above 0 an arrival lands where the wall clock puts it in the step
+  under way, so alignment averages half a step.
+
+The hardware figures (`gpu`: step_overhead, tpot_base, tpot_per_seq,
+prefill_cost_per_token, kv_capacity_tokens) come from a calibration preset
+(`switchyard.capacity.calibration`: `a100`, the default and the one measured point,
+`h100`, `rtx5090`); a figure set explicitly overrides the preset's, and
+`SimSettings.calibration` labels every figure the engine produces with what ran.
 
 Every request's modelled timings are kept (see `SimEngine.timings`) so tests
 and load tools can read exact, noise-free numbers instead of wall-clock ones.
@@ -42,11 +61,13 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from switchyard.capacity.calibration import SimGpu, sim_calibration
+from switchyard.capacity.errors import CapacityInputError
 from switchyard.config import SectionSettings
 from switchyard.engines.base import (
     Capabilities,
@@ -74,55 +95,91 @@ __all__ = [
 log = get_logger("switchyard.engines.sim")
 
 # ---------------------------------------------------------------------------
-# Calibration of the defaults: Qwen2.5-VL-7B-class model, one A100, vLLM.
+# The A100 calibration (preset `a100`): Qwen2.5-VL-7B, one A100, vLLM.
 #
 # Reference ([S0] §2.1-2.2, vLLM's published A100 run): at 50 concurrent
 # requests TTFT ~58 ms (ViT + prefill) and TPOT 16.36 ms; from 10 to 50
 # concurrent TPOT rises only 20 %.
 #
-# TPOT(b) = step_overhead + tpot_base + tpot_per_seq * b
+# Decode step TPOT(b) = step_overhead + tpot_base + tpot_per_seq * b
 #   TPOT(10) = 16.36 / 1.2                  = 13.63 ms
-#   tpot_per_seq = (16.36 - 13.63) / 40     = 0.0683 ms per running sequence
+#   tpot_per_seq = (16.36 - 13.63) / 40     = 0.0683 ms per sequence in the step
 #   intercept    = 13.63 - 10 * 0.0683      = 12.95 ms
 #     = step_overhead 1.0 ms (scheduler, sampler, detokenizer: CPU per step)
-#     + tpot_base 11.95 ms (16.6 GB of bf16 weights / 2.0 TB/s = 8.3 ms at
-#       peak bandwidth, ~70 % achieved)
+#     + tpot_base 11.95 ms (16.6 GB of bf16 weights / 2.04 TB/s = 8.1 ms at
+#       peak bandwidth, 68 % achieved)
 #   check: TPOT(50) = 1.0 + 11.95 + 50 * 0.0683 = 16.37 ms
+#   The benchmark's TPOT averages over steps some of which carried other
+#   requests' prefill; it is taken here as the prefill-free step, so the sim's
+#   decode is if anything a little slow.
 #
-# TTFT(50) = queue + prefill + alignment + TPOT(50)
+# The operating point: 50 sequences decoding, and a typical agent step arriving
+# with ~1,300 prompt tokens of which ~1,000 hit the prefix cache (system prompt,
+# previous frame, history) and ~300 do not (a new 448x448 frame = 256 visual
+# tokens + ~44 tokens of new text), into a step that carries no other prefill
+# (the benchmark's requests decode far longer than they prefill).
+#   TTFT(50) = queue + alignment + step(50 sequences, 300 prefill tokens)
 #   queue     = 0 (50 running < max_num_seqs 64)
 #   alignment = half a step on average = 16.37 / 2 = 8.2 ms
-#   so prefill = 58 - 8.2 - 16.37 = 33.4 ms for a typical agent step:
-#   ~1,300 prompt tokens of which ~1,000 hit the prefix cache (system prompt,
-#   previous frame, history) and ~300 do not (a new 448x448 frame = 256 visual
-#   tokens + ~44 tokens of new text)
-#   prefill_cost_per_token = 33.4 ms / 300 = 0.111 ms -> 0.11 ms
-#   check: 0 + 300 * 0.11 + 8.2 + 16.37 = 57.6 ms
-#   (0.11 ms/token = 9.1k tokens/s = 15.2 GFLOP/token * 9.1k = 138 TFLOP/s,
-#   44 % of the A100's 312 TFLOP/s bf16: a plausible prefill MFU.)
+#   so the step = 58 - 8.2 = 49.8 ms = TPOT(50) + 300 * prefill_cost_per_token:
+#   prefill_cost_per_token = (49.8 - 16.37) / 300 = 0.111 ms -> 0.11 ms
+#   check: 0 + 8.2 + 16.37 + 300 * 0.11 = 57.6 ms; that request's own TPOT and
+#   the other 49's on steps without prefill: TPOT(50) = 16.37 ms.
+#   (0.11 ms/token = 9.1k tokens/s = 16.6 GFLOP/token * 9.1k = 151 TFLOP/s,
+#   48 % of the A100's 312 TFLOP/s bf16: a plausible prefill MFU. It is also a
+#   ceiling: one A100 prefills ~9,100 uncached tokens per second whatever the
+#   batch, which is what bounds agent steps carrying a new frame each.)
 #
-# kv_capacity_tokens 200,000: the LM keeps 28 layers * 4 KV heads * 128 dims
-# * 2 (K, V) = 28,672 values per token = 57 KB bf16 / 28 KB fp8; 200k tokens =
-# 11.5 GB bf16 or 5.7 GB fp8 - what an A100-40GB (40 * 0.9 - 16.6 GB weights -
-# ~4 GB activations = ~15 GB) or a 32 GB RTX 5090 leaves for KV.
+# kv_capacity_tokens: what an A100 80GB leaves at gpu_memory_utilization 0.9
+# after 16.6 GB of weights and 4 GB of activations: 51.4 GB / 28,672 bytes per
+# token (28 layers * 4 KV heads * 128 dims * K and V, fp8 as VllmSettings sets
+# it) = 1,793,387 tokens. The H100 and RTX 5090 presets scale these figures by
+# bandwidth, FLOP/s and memory: `switchyard.capacity.calibration`.
+#
+# max_num_batched_tokens 8192: what `VllmSettings` (the GPU engine simulated
+# here) sets, and vLLM's own default for its OpenAI server on GPUs of 70 GiB or
+# more (A100 80GB, H100); on smaller cards (RTX 5090) vLLM would default to 2048,
+# which our settings override. With the cost serialised per token, the budget
+# moves how prefill spreads over steps (the ITL spikes' height, a long prompt's
+# step count), not the prefill work in total.
 # ---------------------------------------------------------------------------
+
+_A100 = sim_calibration("a100")
+# The SimSettings fields a calibration preset sets.
+CALIBRATED = tuple(_A100.settings())
 
 
 class SimSettings(SectionSettings):
-    """The simulator's knobs (env `SY_SIM_...`); durations are seconds."""
+    """The simulator's knobs (env `SY_SIM_...`); durations are seconds.
+
+    `gpu` picks the calibration preset that fills the hardware figures
+    (`CALIBRATED`); any of them given explicitly (argument or `SY_SIM_*`) wins.
+    """
 
     model_config = SettingsConfigDict(env_prefix="SY_SIM_")
 
+    gpu: SimGpu = Field(default="a100", description="calibration preset: a100, h100, rtx5090")
     max_num_seqs: int = Field(default=64, ge=1, le=4096, description="continuous batching cap")
+    max_num_batched_tokens: int = Field(
+        default=8192, ge=1, description="tokens per step: 1 per decoding sequence + prefill chunks"
+    )
     block_size: int = Field(default=16, ge=1, le=1024, description="tokens per KV block")
-    kv_capacity_tokens: int = Field(default=200_000, ge=1, description="KV cache size in tokens")
+    kv_capacity_tokens: int = Field(
+        default=_A100.kv_capacity_tokens, ge=1, description="KV cache size in tokens (preset)"
+    )
     max_model_len: int = Field(default=32_768, ge=2, description="context window (prompt+output)")
     prefill_cost_per_token: float = Field(
-        default=0.000_11, ge=0, description="s per uncached token"
+        default=_A100.prefill_cost_per_token, ge=0, description="s per prefilled token (preset)"
     )
-    tpot_base: float = Field(default=0.011_95, ge=0, description="s per decode step, batch-free")
-    tpot_per_seq: float = Field(default=0.000_068_3, ge=0, description="s per step per sequence")
-    step_overhead: float = Field(default=0.001, ge=0, description="fixed s per decode step")
+    tpot_base: float = Field(
+        default=_A100.tpot_base, ge=0, description="s per step, batch-free (preset)"
+    )
+    tpot_per_seq: float = Field(
+        default=_A100.tpot_per_seq, ge=0, description="s per step per sequence (preset)"
+    )
+    step_overhead: float = Field(
+        default=_A100.step_overhead, ge=0, description="fixed s per step (preset)"
+    )
     delay_scale: float = Field(default=1.0, ge=0, description="wall s per modelled s; 0 = instant")
     tokens_per_image: int = Field(default=256, ge=1, description="when an image has no size")
     image_patch_px: int = Field(default=28, ge=1, description="px per visual token side (Qwen-VL)")
@@ -130,6 +187,52 @@ class SimSettings(SectionSettings):
     image_max_pixels: int = Field(default=1280 * 28 * 28, ge=1)
     seed: int = Field(default=0, ge=0)
     timings_history: int = Field(default=4096, ge=0, description="finished requests to remember")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        """Fill the hardware figures not given from the `gpu` preset (before validation,
+        so the values given, from arguments or the environment, are the ones kept)."""
+        if not isinstance(data, dict):
+            return data
+        gpu = str(data.get("gpu", "a100")).lower()
+        try:
+            figures = sim_calibration(gpu).settings()
+        except CapacityInputError as e:
+            raise ValueError(str(e)) from None
+        return {**figures, **data, "gpu": gpu}
+
+    @model_validator(mode="after")
+    def _budget_fits_the_batch(self) -> SimSettings:
+        # vLLM refuses the same: a step must have room for a token of every sequence.
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs})"
+            )
+        return self
+
+    def overridden(self) -> list[str]:
+        """The hardware figures that differ from the `gpu` preset's."""
+        preset = sim_calibration(self.gpu).settings()
+        return [k for k in CALIBRATED if getattr(self, k) != preset[k]]
+
+    @property
+    def calibration(self) -> str:
+        """The label of every figure this engine produces: the preset, `+custom` when a
+        hardware figure was overridden (`overridden` says which)."""
+        return f"{self.gpu}+custom" if self.overridden() else self.gpu
+
+    def calibration_info(self) -> dict[str, object]:
+        """The calibration in full (for `/sim/calibration` and logs)."""
+        cal = sim_calibration(self.gpu)
+        return {
+            "calibration": self.calibration, "gpu": self.gpu, "gpu_name": cal.gpu,
+            "figures": {k: getattr(self, k) for k in CALIBRATED},
+            "preset_figures": cal.settings(), "overridden": self.overridden(),
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_num_seqs": self.max_num_seqs,
+        }  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -141,11 +244,18 @@ class SimTimings:
     cached_tokens: int
     completion_tokens: int
     queue: float  # arrival -> admission (slot and KV free)
-    prefill: float  # uncached tokens * prefill_cost_per_token
-    ttft: float | None  # arrival -> first token
+    # First step boundary after admission -> first token: the steps that carried its
+    # prefill chunks (and any it waited through for budget behind earlier prefills).
+    prefill: float
+    ttft: float | None  # arrival -> first token = queue + alignment + prefill
     tpot: float | None  # (last token - first token) / (tokens - 1)
     total: float  # arrival -> end
     finish_reason: FinishReason
+    calibration: str = "a100"  # `SimSettings.calibration` of the engine that ran it
+    # The engine time it used: its share of every step it was in (the step's batch-wide
+    # part split evenly, its own prefill chunks in full). Summed over a worker's requests
+    # it is the GPU's busy time, which waiting behind other prefills is not.
+    gpu: float = 0.0
 
     @property
     def uncached_tokens(self) -> int:
@@ -169,13 +279,15 @@ class _Seq:
     queue: asyncio.Queue[Delta] = field(default_factory=asyncio.Queue)
     state: _State = "waiting"
     admitted: float | None = None
-    ready: float = 0.0  # prefill finished
+    aligned: float | None = None  # the first step boundary at or after admission
+    remaining: int = 0  # prompt tokens still to prefill
     hit_blocks: int = 0
     pinned: list[bytes] = field(default_factory=list)
     private: int = 0
     cached: int = 0  # prompt tokens served from the prefix cache
     emitted: int = 0
     first_token_at: float | None = None
+    gpu: float = 0.0  # its share of the steps it ran in (`SimTimings.gpu`)
 
 
 class SimEngine:
@@ -193,6 +305,7 @@ class SimEngine:
             lora=True,
             max_context=s.max_model_len,
         )
+        self._calibration = s.calibration  # settings are fixed for an engine's life
         self._cache = BlockCache(max(1, s.kv_capacity_tokens // s.block_size))
         self._seqs: dict[str, _Seq] = {}  # in flight, by request id
         self._waiting: deque[_Seq] = deque()
@@ -203,7 +316,6 @@ class SimEngine:
         # Virtual clock, and the wall-clock anchor that maps it when delay_scale > 0.
         self._now = 0.0
         self._step: tuple[float, float] | None = None  # (start, end) of the step under way
-        self._horizon = math.inf  # the prefill wait under way ends here
         self._anchor = (0.0, time.monotonic())
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -225,6 +337,7 @@ class SimEngine:
             max_num_seqs=s.max_num_seqs,
             kv_blocks=self._cache.num_blocks,
             delay_scale=s.delay_scale,
+            calibration=self._calibration,
         )
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[Delta, None]:
@@ -271,13 +384,19 @@ class SimEngine:
         """The batch cap: sequences run at once."""
         return self.settings.max_num_seqs
 
+    @property
+    def calibration(self) -> str:
+        """What every figure of this engine is modelled at (`SimSettings.calibration`)."""
+        return self._calibration
+
     def tpot(self, batch: int) -> float:
-        """Modelled duration of one decode step with `batch` running sequences."""
+        """Modelled duration of one decode step (no prefill) with `batch` sequences."""
         s = self.settings
         return s.step_overhead + s.tpot_base + s.tpot_per_seq * batch
 
-    def prefill_time(self, uncached_tokens: int) -> float:
-        return max(1, uncached_tokens) * self.settings.prefill_cost_per_token
+    def step_time(self, batch: int, prefill_tokens: int) -> float:
+        """Modelled duration of one step of `batch` sequences carrying `prefill_tokens`."""
+        return self.tpot(batch) + prefill_tokens * self.settings.prefill_cost_per_token
 
     def timings(self, request_id: str) -> SimTimings | None:
         """Modelled timings of a finished request (the last `timings_history` are kept)."""
@@ -291,6 +410,7 @@ class SimEngine:
         return ModelledTimings(
             queue=t.queue, prefill=t.prefill,
             decode=max(0.0, t.total - t.queue - t.prefill), total=t.total, ttft=t.ttft,
+            calibration=t.calibration, gpu=t.gpu,
         )  # fmt: skip
 
     @property
@@ -376,7 +496,10 @@ class SimEngine:
             self._queried += seq.prompt_len
             self._hits += seq.cached
             seq.state, seq.admitted = "prefill", now
-            seq.ready = now + self.prefill_time(seq.prompt_len - seq.cached)
+            # Admitted during a step: its first chunk rides the next one.
+            step_end = self._step[1] if self._step is not None else now
+            seq.aligned = max(now, step_end)
+            seq.remaining = max(1, seq.prompt_len - seq.cached)
             self._running.append(seq)
 
     # -- the scheduler --------------------------------------------------------
@@ -394,68 +517,75 @@ class SimEngine:
             raise
 
     async def _tick(self) -> None:
-        """One scheduler turn: admit, join finished prefills, then step or wait."""
+        """One scheduler turn: admit, then run one step, or wait for work."""
         self._admit(self._now)
-        for seq in self._running:
-            if seq.state == "prefill" and seq.ready <= self._now:
-                self._prefilled(seq)
-        decoding = [q for q in self._running if q.state == "decode"]
-        if decoding:
-            await self._decode_step(decoding)
-        elif self._running:
-            await self._wait_prefill(min(q.ready for q in self._running))
+        decoding, chunks = self._plan()
+        if decoding or chunks:
+            await self._run_step(decoding, chunks)
         else:
             self._wake.clear()
             await self._wake.wait()
 
-    async def _decode_step(self, decoding: list[_Seq]) -> None:
+    def _plan(self) -> tuple[list[_Seq], list[tuple[_Seq, int]]]:
+        """The next step: every decoding sequence, then prefill chunks in admission order
+        within what is left of the token budget (the last one cut to fit)."""
+        decoding = [q for q in self._running if q.state == "decode"]
+        budget = self.settings.max_num_batched_tokens - len(decoding)
+        chunks: list[tuple[_Seq, int]] = []
+        for q in self._running:
+            if budget <= 0:
+                break
+            if q.state == "prefill":
+                take = min(q.remaining, budget)
+                chunks.append((q, take))
+                budget -= take
+        return decoding, chunks
+
+    async def _run_step(self, decoding: list[_Seq], chunks: list[tuple[_Seq, int]]) -> None:
         start = self._now
-        end = start + self.tpot(len(self._running))
+        end = start + self.step_time(len(decoding) + len(chunks), sum(n for _, n in chunks))
         self._step = (start, end)
         try:
             await self._sleep_until(end)
         finally:
             self._step = None
         self._now = end
+        # The step's engine time, shared out: its batch-wide part evenly over the
+        # sequences in it, each prefill chunk's part to its own sequence.
+        shared = self.tpot(len(decoding) + len(chunks)) / (len(decoding) + len(chunks))
+        for seq in decoding:
+            seq.gpu += shared
+        for seq, n in chunks:
+            seq.gpu += shared + n * self.settings.prefill_cost_per_token
         for seq in decoding:
             if seq.state == "decode":  # not aborted during the step
                 self._emit(seq)
+        for seq, n in chunks:
+            if seq.state != "prefill":
+                continue
+            seq.remaining -= n
+            if seq.remaining == 0:  # the step that computes the last chunk samples a token
+                self._prefilled(seq)
+                self._emit(seq)
 
-    async def _wait_prefill(self, until: float) -> None:
-        """Sleep until the next prefill finishes; an arrival cuts the wait short."""
-        self._horizon = until
-        self._wake.clear()
-        try:
-            woken = await self._sleep_until(until, wake=True)
-        finally:
-            self._horizon = math.inf
-        self._now = max(self._now, min(until, self._arrival_time())) if woken else until
-
-    async def _sleep_until(self, target: float, *, wake: bool = False) -> bool:
-        """Sleep (scaled) until virtual `target`; True if `wake` was set first."""
+    async def _sleep_until(self, target: float) -> None:
+        """Sleep (scaled) until virtual `target`."""
         scale = self.settings.delay_scale
         if scale == 0:
             await asyncio.sleep(0)  # yield: producers and consumers run between steps
-            return wake and self._wake.is_set()
+            return
         v0, w0 = self._anchor
         delay = w0 + (target - v0) * scale - time.monotonic()
         if delay <= 0:
             if delay < -0.25:  # far behind (a loaded CPU): drift rather than burst
                 self._anchor = (target, time.monotonic())
             await asyncio.sleep(0)
-            return wake and self._wake.is_set()
-        if not wake:
-            await asyncio.sleep(delay)
-            return False
-        try:
-            await asyncio.wait_for(self._wake.wait(), delay)
-        except TimeoutError:
-            return False
-        return True
+            return
+        await asyncio.sleep(delay)
 
     def _arrival_time(self) -> float:
-        """Virtual time of an arrival now: inside the step (or wait) under way."""
-        lo, hi = self._step if self._step is not None else (self._now, self._horizon)
+        """Virtual time of an arrival now: inside the step under way, or now when idle."""
+        lo, hi = self._step if self._step is not None else (self._now, math.inf)
         scale = self.settings.delay_scale
         if scale == 0:
             return hi if self._step is not None else lo  # arrivals land on step boundaries
@@ -520,17 +650,22 @@ class SimEngine:
         end = self._now
         admitted = end if seq.admitted is None else seq.admitted
         first = seq.first_token_at
+        prefill = 0.0
+        if seq.aligned is not None:
+            prefill = max(0.0, (end if first is None else first) - seq.aligned)
         self._timings[seq.request_id] = SimTimings(
             request_id=seq.request_id,
             prompt_tokens=seq.prompt_len,
             cached_tokens=seq.cached,
             completion_tokens=seq.emitted,
             queue=max(0.0, admitted - seq.arrival),
-            prefill=0.0 if seq.admitted is None else self.prefill_time(seq.prompt_len - seq.cached),
+            prefill=prefill,
             ttft=None if first is None else first - seq.arrival,
             tpot=None if first is None or seq.emitted < 2 else (end - first) / (seq.emitted - 1),
             total=end - seq.arrival,
             finish_reason=reason,
+            calibration=self._calibration,
+            gpu=seq.gpu,
         )
         while len(self._timings) > keep:
             self._timings.popitem(last=False)

@@ -8,6 +8,9 @@ request asked for, because that is what callers and load tests observe:
   constraint: ``{}``;
 - a choice: one of the choices, drawn from the request's generator (so the same
   prompt picks the same one, as greedy decoding would);
+- an agent step's actions (`ActionsConstraint`): `sim_answer`, exactly `chunk`
+  actions of a game-like mix within the current frame, written in the step's
+  format (`agentactions.encode_answer`), so it parses and maps like a model's;
 - a grammar or regex: `CONSTRAINED_PLACEHOLDER`, a fixed text the simulator
   cannot make match (it cannot sample from an arbitrary GBNF grammar or regex;
   its token count is what matters for timing, and callers must not validate it);
@@ -24,10 +27,23 @@ import json
 import random
 from dataclasses import dataclass
 
+from switchyard.agentactions import MAX_TYPED_CHARS, Answer, encode_answer, is_wrapped
 from switchyard.engines.base import EngineRequest
 from switchyard.engines.schema_instance import schema_instance
 from switchyard.engines.sim_tokens import WORDS, pseudo_tokens
+from switchyard.messages.agent import (
+    MAX_THOUGHT_CHARS,
+    Action,
+    Back,
+    Click,
+    Done,
+    LongPress,
+    Swipe,
+    TypeText,
+    Wait,
+)
 from switchyard.messages.inference import (
+    ActionsConstraint,
     ChoiceConstraint,
     FinishReason,
     GrammarConstraint,
@@ -60,6 +76,8 @@ def plan_output(request: EngineRequest, rng: random.Random) -> SimOutput:
         text = "{}"
     elif isinstance(c, ChoiceConstraint):
         text = rng.choice(c.choices)
+    elif isinstance(c, ActionsConstraint):
+        text = sim_answer(c, request, rng)
     elif isinstance(c, GrammarConstraint | RegexConstraint):
         text = CONSTRAINED_PLACEHOLDER
     else:
@@ -87,3 +105,50 @@ def _stop_at(pieces: tuple[str, ...], finish: FinishReason, request: EngineReque
         out.append(text[pos : min(pos + len(piece), cut)] if pos < cut else "")
         pos += len(piece)
     return SimOutput(tuple(out), "stop")
+
+
+# What a game agent does, roughly: mostly taps, some swipes, presses and waits,
+# rarely text, back or done. Weights, in `ACTION_KINDS` order.
+ACTION_KINDS = ("click", "swipe", "long_press", "wait", "type", "back", "done")
+ACTION_WEIGHTS = (50, 15, 10, 10, 5, 5, 5)
+# Frame size when a request carries no image (the 720p frame the agent path targets).
+DEFAULT_FRAME = (1280, 720)
+
+
+def sim_action(kind: str, width: int, height: int, rng: random.Random) -> Action:
+    """One action of `kind` on a `width` x `height` frame, drawn from `rng`."""
+
+    def point() -> tuple[int, int]:
+        return rng.randrange(width), rng.randrange(height)
+
+    if kind == "click":
+        x, y = point()
+        return Click(x=x, y=y)
+    if kind == "long_press":
+        x, y = point()
+        return LongPress(x=x, y=y, ms=rng.choice((500, 800, 1000, 1500)))
+    if kind == "swipe":
+        (x1, y1), (x2, y2) = point(), point()
+        return Swipe(x1=x1, y1=y1, x2=x2, y2=y2, ms=rng.choice((200, 250, 300, 500)))
+    if kind == "wait":
+        return Wait(ms=rng.choice((200, 500, 1000, 2000)))
+    if kind == "type":
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3)))
+        return TypeText(text=words[:MAX_TYPED_CHARS])
+    return Back() if kind == "back" else Done()
+
+
+def sim_answer(c: ActionsConstraint, request: EngineRequest, rng: random.Random) -> str:
+    """A valid answer for an agent step: `c.chunk` actions (a model asked for a chunk
+    fills it) within the current frame (the request's last image), a short thought when
+    one is allowed, in `c.action_format`."""
+    last = request.images[-1] if request.images else None
+    width, height = (last.width, last.height) if last is not None else DEFAULT_FRAME
+    kinds = rng.choices(ACTION_KINDS, ACTION_WEIGHTS, k=c.chunk)
+    actions = tuple(sim_action(k, width, height, rng) for k in kinds)
+    thought = None
+    if c.thought:
+        thought = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 5)))
+        thought = thought[:MAX_THOUGHT_CHARS]
+    answer = Answer(actions, thought)
+    return encode_answer(answer, c.action_format, wrapped=is_wrapped(c.chunk, c.thought))

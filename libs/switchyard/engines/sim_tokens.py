@@ -4,9 +4,15 @@ The simulator has no tokenizer and needs none: its timings, KV blocks and
 prefix hits only need token *counts* and token *identity* that behave like a
 real model's. This module holds the three pieces that provide them:
 
-- `pseudo_tokens`: a deterministic tokenizer, roughly 4 characters per token
-  for English; joining the pieces gives back the text exactly, so output
-  pieces can be streamed as they are.
+- `pseudo_tokens`: a deterministic tokenizer shaped like a byte-level BPE's
+  pre-tokenizer (roughly 4 characters per token for English): a word of up to
+  6 letters with its leading space, one token per digit, runs of up to 3
+  punctuation characters (`{"`, `":"`, `},`), each other whitespace character
+  alone. Joining the pieces gives back the text exactly, so output pieces can
+  be streamed as they are. On agent answers it counts within 10 % of
+  SmolLM2's real tokenizer in both action formats (click: 18 JSON / 10
+  compact tokens; `tests/unit/test_agent_actions_tokens.py` holds it within
+  20 %), and on English prompts within a few per cent.
 - `image_tokens`: the visual tokens of one frame, counted the way Qwen-VL does
   (one token per `image_patch_px` square, pixels clamped to a min and max) and
   derived from the frame's content hash, so a repeated frame is a repeated
@@ -26,7 +32,9 @@ from typing import Protocol
 from switchyard.engines.base import EngineRequest
 from switchyard.messages.inference import Image, ImagePart
 
-_TOKEN_RE = re.compile(r"\s*(?:[A-Za-z]{1,6}|\d{1,3}|[^\sA-Za-z\d])|\s+")
+# Digits are one token each and a space before a digit is its own (SmolLM2 and
+# Qwen2 split numbers so): an action's cost is mostly its coordinates' digits.
+_TOKEN_RE = re.compile(r" ?[A-Za-z]{1,6}|\d| ?[^\sA-Za-z\d]{1,3}|\s")
 
 
 def pseudo_tokens(text: str) -> list[str]:

@@ -34,6 +34,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from switchyard.agentactions import answer_regex
 from switchyard.config import SectionSettings
 from switchyard.engines.base import (
     Capabilities,
@@ -45,6 +46,7 @@ from switchyard.engines.base import (
 )
 from switchyard.logging import get_logger
 from switchyard.messages.inference import (
+    ActionsConstraint,
     ChoiceConstraint,
     Constraint,
     FinishReason,
@@ -231,7 +233,17 @@ def decode_image(image: Image) -> Any:
 
 
 def structured_outputs_kwargs(constraint: Constraint) -> dict[str, Any] | None:
-    """`StructuredOutputsParams` keyword arguments, or None when unconstrained."""
+    """`StructuredOutputsParams` keyword arguments, or None when unconstrained.
+
+    An agent step's actions become a regex of the exact answer language
+    (`agentactions.answer_regex`), in either format: every structured-outputs
+    backend reads a regex (a GBNF grammar only xgrammar), and JSON through the
+    schema would allow whitespace and numbers the step's max_tokens was not
+    derived for.
+    """
+    if isinstance(constraint, ActionsConstraint):
+        c = constraint
+        return {"regex": answer_regex(c.action_format, c.chunk, c.thought)}
     if isinstance(constraint, JsonSchemaConstraint):
         return {"json": constraint.json_schema}
     if isinstance(constraint, GrammarConstraint):

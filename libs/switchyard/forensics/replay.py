@@ -119,6 +119,8 @@ def renewed(message: Replayable, now: float) -> Replayable:
         "deadline": None if message.deadline is None else message.deadline + shift,
         "frame_ts": None if message.frame_ts is None else message.frame_ts + shift,
     }
+    if isinstance(message, AgentStep) and message.sent_at is not None:
+        update["sent_at"] = message.sent_at + shift  # its clock offset estimate unchanged
     return message.model_copy(update=update)
 
 

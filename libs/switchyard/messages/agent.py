@@ -19,10 +19,21 @@ class RawFrame(Model):
     mime: ShortText = "application/octet-stream"
 
 
+# How an answer is written: `json` objects or `compact` lines (`switchyard.agentactions`).
+ActionFormat = Literal["json", "compact"]
+
+
 class StepOptions(Model):
     chunk: int = Field(default=1, ge=1, le=5, description="actions per answer (action chunking)")
     thought: bool = Field(default=False, description="allow a very short thought")
-    max_tokens: int = Field(default=48, ge=8, le=512)
+    action_format: ActionFormat = Field(
+        default="json",
+        description="`json` objects or `compact` lines (`click 520 1180`), one action a line",
+    )
+    # None: what the format and chunk need (`agentactions.answer_token_budget`). A value
+    # below that need is raised to it (an answer must never be cut); one above it is
+    # allowed up to the preprocessor's `agent_max_tokens`.
+    max_tokens: int | None = Field(default=None, ge=8, le=512)
 
 
 class AgentStep(Envelope):
@@ -38,6 +49,10 @@ class AgentStep(Envelope):
     stale_after: float = Field(default=2.0, gt=0, le=3600)
     step: int = Field(default=0, ge=0)
     frame_ts: UnixTime  # required for steps: staleness is measured from it
+    # The client's clock when it sent the step, for the fleet's estimate of that clock's
+    # offset (services/preprocessor/clock.py). Unset, `created_at` stands for it: a client
+    # publishing on the bus stamps that from its own clock; the edge copies the HTTP field.
+    sent_at: UnixTime | None = None
 
 
 class Click(Model):
@@ -102,10 +117,13 @@ class ChunkAnswer(Model):
 
 
 def answer_schema(chunk: int = 1, thought: bool = False) -> dict[str, Any]:
-    """The JSON schema an agent step's answer is constrained to.
+    """The JSON schema of an agent step's answer in the `json` format, for clients.
 
     One action without a thought is a bare action object; otherwise an object
     with up to `chunk` actions and, when allowed, a thought capped in length.
+    Engines hold the model to a tighter language of the same shape
+    (`switchyard.agentactions`: no whitespace, texts of printable ASCII, typed
+    text at most 32 characters), so every answer they give validates here.
     """
     if chunk == 1 and not thought:
         return _require_type(ActionAnswer.model_json_schema())

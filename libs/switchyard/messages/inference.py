@@ -11,14 +11,18 @@ from switchyard.envelope import (
     Envelope,
     Model,
     RequestId,
+    SessionId,
     ShortText,
     Text,
     Token,
     UnixTime,
 )
 from switchyard.errors import ErrorCode
+from switchyard.messages.agent import MAX_CHUNK, ActionFormat
 
 Workload = Literal["agent", "sql", "llm"]
+# A client clock further off than a day is broken, not skewed: offsets are clamped to it.
+MAX_CLOCK_OFFSET = 86_400.0
 ContentHash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,64}$")]
 
 
@@ -93,13 +97,29 @@ class ChoiceConstraint(Model):
     choices: Annotated[list[ShortText], Field(min_length=1, max_length=64)]
 
 
+class ActionsConstraint(Model):
+    """An agent step's answer: up to `chunk` actions in `action_format`, a thought first
+    when `thought` allows one (`switchyard.agentactions` holds both languages).
+
+    Named, not spelled out as a grammar, so that every engine enforces the same language
+    its own way (GBNF on llama.cpp, a regex on vLLM, the sim writes a valid answer) and
+    the worker knows how to parse, check and map the answer.
+    """
+
+    type: Literal["actions"] = "actions"
+    action_format: ActionFormat = "json"
+    chunk: int = Field(default=1, ge=1, le=MAX_CHUNK)
+    thought: bool = False
+
+
 Constraint = Annotated[
     NoConstraint
     | JsonObjectConstraint
     | JsonSchemaConstraint
     | GrammarConstraint
     | RegexConstraint
-    | ChoiceConstraint,
+    | ChoiceConstraint
+    | ActionsConstraint,
     Field(discriminator="type"),
 ]
 
@@ -141,7 +161,8 @@ class GenerateRequest(Envelope):
     model: ShortText = "default"
     messages: Annotated[list[ChatMessage], Field(max_length=256)] | None = None
     prompt: Text | None = None
-    images: Annotated[list[Image], Field(max_length=4)] = []
+    # Up to a window layout's frames (`switchyard.agentprompt.MAX_WINDOW`).
+    images: Annotated[list[Image], Field(max_length=16)] = []
     sampling: Sampling = Sampling()
     constraint: Constraint = NoConstraint()
     lora: Token | None = None
@@ -149,6 +170,14 @@ class GenerateRequest(Envelope):
     prompt_tokens: int = Field(default=0, ge=0, le=10_000_000)
     # Agent steps: the longest a frame may wait before its action is useless.
     stale_after: float | None = Field(default=None, gt=0, le=3600)
+    # Agent steps: the fleet's clock minus the client's, estimated per session by the
+    # preprocessor (services/preprocessor/clock.py). `frame_ts` stays on the client's clock
+    # (the answer echoes it back for the client to match); `frame_age` adds this, so every
+    # staleness check counts on the fleet's clock and a skewed phone is judged fairly.
+    clock_offset: float = Field(default=0.0, ge=-MAX_CLOCK_OFFSET, le=MAX_CLOCK_OFFSET)
+    # Agent steps: the step's number in its episode (`AgentStep.step`). A higher step of the
+    # same (tenant, session) supersedes this one while it has not started (requestpolicy).
+    step: int | None = Field(default=None, ge=0)
     stream: bool = True
     # Set by whoever prepared the request (preprocessor, sqlflow): when it left for `REQ`.
     prepared_at: UnixTime | None = None
@@ -169,7 +198,8 @@ class GenerateRequest(Envelope):
         return self
 
     def frame_age(self, now: float) -> float | None:
-        return None if self.frame_ts is None else now - self.frame_ts
+        """Seconds since the frame was captured, `now` and the capture on the fleet's clock."""
+        return None if self.frame_ts is None else now - (self.frame_ts + self.clock_offset)
 
 
 class Usage(Model):
@@ -183,9 +213,14 @@ class ModelledTimings(Model):
 
     Only the `sim` engine fills these: virtual time at its calibration, free of
     this machine's CPU contention (the wall clock follows it times the delay scale).
-    `queue` waits for a batch slot and KV blocks; `decode` is prefill end -> last token
-    (alignment to a step boundary plus one step per token); `total` = their sum;
-    `ttft` arrival -> first token (None when no token came).
+    `queue` waits for a batch slot and KV blocks; `prefill` is the first step boundary
+    after admission -> first token (the steps carrying its prefill chunks, and those it
+    waited through behind earlier prefills); `decode` the rest (alignment to that step
+    boundary plus one step per later token); `total` = their sum; `ttft` arrival ->
+    first token (None when no token came); `calibration` the GPU preset the figures are
+    modelled at (`a100`, `h100`, `rtx5090`; `+custom` when a figure was overridden);
+    `gpu` the engine time it used (its share of each step it ran in): a worker's sum is
+    its GPU's busy time, where `prefill` + `decode` also count waiting behind others.
     """
 
     queue: float = Field(default=0.0, ge=0)
@@ -193,6 +228,8 @@ class ModelledTimings(Model):
     decode: float = Field(default=0.0, ge=0)
     total: float = Field(default=0.0, ge=0)
     ttft: float | None = Field(default=None, ge=0)
+    calibration: str | None = Field(default=None, max_length=64)
+    gpu: float = Field(default=0.0, ge=0)
 
 
 class Timings(Model):
@@ -237,7 +274,8 @@ class ErrorInfo(Model):
     retry_after: float | None = Field(default=None, ge=0)
 
 
-ResultStatus = Literal["ok", "cancelled", "expired", "stale", "rejected", "error"]
+# `superseded`: a newer step of the same agent session arrived before this one started.
+ResultStatus = Literal["ok", "cancelled", "expired", "stale", "superseded", "rejected", "error"]
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
@@ -263,6 +301,17 @@ class Cancel(Envelope):
     kind: Literal["cancel"] = "cancel"
     request_id: RequestId
     reason: ShortText = "client"
+
+
+class NewestStep(Envelope):
+    """Published on `supersede.<tenant>` by the router that admits a session's newer step:
+    every step of (`tenant`, `session`) numbered below `step` that has not started is
+    answered `superseded`. Routers and workers keep the newest per session
+    (`requestpolicy.NewestSteps`); a notice lost on core NATS only lets an old step run."""
+
+    kind: Literal["agent.newest"] = "agent.newest"
+    session: SessionId
+    step: int = Field(ge=0)
 
 
 FrameType = Literal["delta", "end", "error"]

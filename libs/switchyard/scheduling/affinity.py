@@ -3,14 +3,21 @@
 Partitions are only the delivery channel (`placement.Placement` gives every live worker
 its share of them); this module decides the worker, per request, from
 
-- a worker's **load**: the tokens it is serving, per engine slot: of every request
-  dispatched to it and not yet answered, prompt + `max_tokens`. Tokens, not requests:
-  one 8k-token prompt is not one 50-token chat turn;
+- a worker's **load**: the GPU time it owes, per engine slot, counted in output tokens:
+  of every request dispatched to it and not yet answered, its output (`max_tokens`)
+  plus the prompt tokens it must compute (not those it holds cached) at
+  `prompt_tokens_per_output_token` to one. Tokens, not requests: a 192-token answer is
+  not a 32-token one, an 8k-token prompt the worker must prefill is not one it has
+  cached. A GPU's busy time follows this, where prompt + output (the KV a request holds)
+  does not: a long conversation's cached history costs memory, hardly time;
 - a **session table** (session -> worker), mirrored from JetStream KV by the router so a
   second router and a restarted one agree; entries expire after `ttl` unless refreshed;
 - a **prefix index** (chained hashes of the prompt's leading blocks -> workers that were
   recently sent them), the approximate radix tree of SGLang's cache-aware router and
   llm-d's prefix scorer. Each router keeps its own; it is a hint, never a correctness matter.
+  It also finds a chat **conversation** without a session: a prompt whose messages up to
+  its last assistant message are exactly a prompt a worker was sent is that prompt's
+  next turn, and that worker holds its history.
 
 The shipped policy, `switchyard`:
 
@@ -20,9 +27,14 @@ The shipped policy, `switchyard`:
    not moved in the last `cooldown` seconds, and somewhere is below the mean. After a move
    the worker's overload clock starts again, so an overloaded worker sheds one session per
    `hold`: load that is uneven for a moment moves nothing, and no session bounces back.
-2. Anything else (a new session, a session whose worker died or drains, a request without
-   a session) goes to the worker that would serve it at least cost: the least (load +
-   this request + `prefix_weight` x the prompt tokens it has not cached) per slot, among
+2. A conversation's next turn (a request without a session that extends a prompt a
+   worker was sent, see above) stays on that worker by the same rule: it moves only when
+   the worker has been overloaded for `hold` seconds, and then the worker's overload
+   clock starts again. Moving it would recompute its whole history.
+3. Anything else (a new session, a session whose worker died or drains, a request without
+   a session that continues nothing) goes to the worker that would serve it at least
+   cost: the least (load + this request + `prefix_weight` x the prompt tokens it has not
+   cached) per slot, among
    workers whose load is within the bound; when none is within it, the least loaded. A
    conversation's next turn finds the worker that holds its history; a tenant's system
    prompt, once many workers hold it, no longer decides, so a hot tenant spreads as its
@@ -53,6 +65,14 @@ POLICIES: tuple[Policy, ...] = ("round_robin", "least_loaded", "switchyard")
 
 Reason = Literal["sticky", "new", "prefix", "dead", "drain", "load"]
 
+# Prompt tokens that cost a GPU as much time as one output token: prefill is compute-bound,
+# 0.11 ms of the whole A100 per token (the sim's calibration; ~10k tokens/s for a 7-8B
+# model), while an output token costs its share of a batched decode step, 13.4-16.4 ms
+# over the ~10-25 sequences a busy worker batches here: ~1 ms. Measured with
+# `sy bench route` (A100 sim, GPU busy time): 100 (an output token as a whole step)
+# left agent steps at p50 1,460 ms, 10 at 1,383 ms, chat balance 1.06 -> 1.03.
+PROMPT_TOKENS_PER_OUTPUT_TOKEN = 10.0
+
 BLOCK_CHARS = 256  # ~64-85 tokens: the granularity at which prefixes are compared
 MAX_BLOCKS = 256  # a prompt's first 64k characters are enough to tell prefixes apart
 IMAGE_TOKENS_UNKNOWN = 256  # an image part whose size the request does not carry
@@ -62,6 +82,7 @@ IMAGE_TOKENS_UNKNOWN = 256  # an image part whose size the request does not carr
 class Block:
     digest: bytes  # chained: names this block and everything before it
     tokens: int  # estimated prompt tokens up to and including this block
+    turns: int = 0  # assistant messages begun up to and including this block
 
 
 def prefix_blocks(
@@ -73,13 +94,13 @@ def prefix_blocks(
     sizes = {im.hash: visual_tokens(im.width, im.height) for im in images}
     blocks: list[Block] = []
     digest = hashlib.blake2b(salt.encode(), digest_size=16).digest()
-    tokens = 0
+    tokens = turns = 0
 
     def add(piece: bytes, weight: int) -> bool:
         nonlocal digest, tokens
         digest = hashlib.blake2b(digest + piece, digest_size=16).digest()
         tokens += weight
-        blocks.append(Block(digest, tokens))
+        blocks.append(Block(digest, tokens, turns))
         return len(blocks) < MAX_BLOCKS
 
     def text(value: str) -> bool:
@@ -93,6 +114,7 @@ def prefix_blocks(
         text(prompt)
         return blocks
     for message in messages or ():
+        turns += message.role == "assistant"
         if not add(b"m" + message.role.encode(), FRAMING_TOKENS):
             return blocks
         content = message.content
@@ -104,6 +126,15 @@ def prefix_blocks(
             elif not add(b"i" + part.hash.encode(), sizes.get(part.hash, IMAGE_TOKENS_UNKNOWN)):
                 return blocks
     return blocks
+
+
+def previous_turn(blocks: Sequence[Block]) -> Block | None:
+    """A conversation's last block before its last assistant message: the end of the
+    prompt its previous turn was (None when the prompt has no assistant message)."""
+    last = blocks[-1].turns if blocks else 0
+    if last == 0:
+        return None
+    return next((b for b in reversed(blocks) if b.turns < last), None)
 
 
 @dataclass(frozen=True)
@@ -141,6 +172,8 @@ class Decision:
     reason: Reason
     session: str | None
     write: bool  # the session's KV entry must be (re)written: new, moved or due a refresh
+    work: float  # what it adds to the chosen worker's load (see the module docstring)
+    left: str | None = None  # the overloaded worker it moved off, for a move for load
 
 
 @dataclass
@@ -150,12 +183,16 @@ class Affinity:
     hold: float = 2.0
     cooldown: float = 30.0
     ttl: float = 600.0
-    # What a prompt token a worker would compute again costs, in tokens of load on it:
-    # recomputing a prefix adds to this request's time to first token in full, while
-    # more load on a batching engine slows its steps only a little until the bound.
-    # Measured on `sy bench route --workload chat`: 1 keeps conversations on their
-    # worker 76 % of turns (hit rate 67 %), 4 keeps 93 % (72 %) at the same balance.
-    prefix_weight: float = 4.0
+    # What a prompt token a worker would compute again costs, in units of load (output
+    # tokens), for a request that continues nothing, on top of its GPU time
+    # (1 / PROMPT_TOKENS_PER_OUTPUT_TOKEN): a hot tenant's system prompt draws its
+    # one-shots and first turns to the workers holding it only while their load is near
+    # the others'. Conversations keep their worker by rule 2, not by this weight.
+    # Measured on `sy bench route --workload chat` (A100 sim): 4 kept tenants on 3-4 of
+    # 8 workers at busy-time imbalance 1.23-1.38; 0.1 spreads them over 5-8 at 1.03-1.06,
+    # the same 73 % hit rate (a system prompt, once on every worker, is cached there).
+    prefix_weight: float = 0.1
+    prompt_tokens_per_output_token: float = PROMPT_TOKENS_PER_OUTPUT_TOKEN
     prefix_ttl: float = 300.0  # an index entry older than this is assumed evicted
     prefix_capacity: int = 200_000  # index entries kept (least recently used go first)
     routes: dict[str, Route] = field(default_factory=dict)  # change with _set/_drop only
@@ -208,82 +245,116 @@ class Affinity:
     # -- the decision ----------------------------------------------------------------------
 
     def choose(
-        self, workers: Sequence[WorkerLoad], tokens: float, session: str | None,
+        self, workers: Sequence[WorkerLoad], prompt: int, output: int, session: str | None,
         blocks: Sequence[Block], now: float,
     ) -> Decision | None:  # fmt: skip
-        """The worker for a request of `tokens` (prompt + max_tokens), or None when it must
-        wait (nobody eligible has credit). Pure: `commit` records a dispatched decision."""
+        """The worker for a request of `prompt` tokens asking for up to `output`, or None
+        when it must wait (nobody eligible has credit). Pure: `commit` records a dispatched
+        decision."""
         eligible = [w for w in workers if not w.draining]
         if not eligible:
             return None
+        free = [w for w in eligible if w.has_credit]
         if self.policy == "round_robin":
-            free = [w for w in sorted(eligible, key=lambda w: w.worker) if w.has_credit]
+            free.sort(key=lambda w: w.worker)
             if not free:
                 return None
-            return Decision(free[self._turn % len(free)].worker, "new", session, False)
-        free = [w for w in eligible if w.has_credit]
+            pick = free[self._turn % len(free)].worker
+            return Decision(pick, "new", session, False, self._work(prompt, output, 0))
         if self.policy == "least_loaded":
             if not free:
                 return None
-            return Decision(min(free, key=_least).worker, "new", session, False)
-        return self._switchyard(workers, eligible, free, tokens, session, blocks, now)
+            pick = min(free, key=_least).worker
+            return Decision(pick, "new", session, False, self._work(prompt, output, 0))
+        return self._switchyard(workers, eligible, free, prompt, output, session, blocks, now)
+
+    def _work(self, prompt: int, output: int, cached: int) -> float:
+        """What a request adds to a worker that holds `cached` of its prompt tokens."""
+        return output + max(0, prompt - cached) / self.prompt_tokens_per_output_token
 
     def _switchyard(
         self, workers: Sequence[WorkerLoad], eligible: list[WorkerLoad], free: list[WorkerLoad],
-        tokens: float, session: str | None, blocks: Sequence[Block], now: float,
+        prompt: int, output: int, session: str | None, blocks: Sequence[Block], now: float,
     ) -> Decision | None:  # fmt: skip
+        home: WorkerLoad | None = None
+        reason: Reason = "new" if session is not None else "prefix"
         route = self.routes.get(session) if session is not None else None
         if route is not None and now - route.written > self.ttl:
             route = None
-        reason: Reason = "new" if session is not None else "prefix"
         if route is not None:
             home = next((w for w in eligible if w.worker == route.worker), None)
-            if home is not None:
-                if not self._should_move(home, route, eligible, tokens, now):
-                    refresh = now - route.written > self.ttl / 2
-                    return Decision(home.worker, "sticky", session, refresh)
-                reason = "load"
-            else:
+            if home is None:
                 drains = any(w.worker == route.worker and w.draining for w in workers)
                 reason = "drain" if drains else "dead"
+        elif session is None:
+            home = self._conversation(blocks, eligible, now)
+        if home is not None:
+            held = self._cached(blocks, {home.worker}, now).get(home.worker, 0)
+            work = self._work(prompt, output, held)
+            recent = route is not None and now - route.moved < self.cooldown
+            if recent or not self._overloaded(home, eligible, work, now):
+                refresh = route is not None and now - route.written > self.ttl / 2
+                return Decision(home.worker, "sticky", session, refresh, work)
+            reason = "load"
         key = session if session is not None else (blocks[0].digest.hex() if blocks else "")
-        pick = self._best(free, tokens, blocks, now, key, session is not None,
-                          exclude=route.worker if route else None)  # fmt: skip
-        if pick is None:
+        away = home.worker if home else route.worker if route else None
+        best = self._best(free, prompt, output, blocks, now, key, session is not None, away)
+        if best is None:
             return None
-        return Decision(pick.worker, reason, session, session is not None)
+        pick, work = best
+        left = home.worker if home is not None else None
+        return Decision(pick.worker, reason, session, session is not None, work, left)
 
-    def _should_move(
-        self, home: WorkerLoad, route: Route, eligible: list[WorkerLoad], tokens: float, now: float
+    def _conversation(
+        self, blocks: Sequence[Block], eligible: list[WorkerLoad], now: float
+    ) -> WorkerLoad | None:
+        """The live worker most recently sent this conversation's previous turn, if any."""
+        end = previous_turn(blocks)
+        holders = self._index.get(end.digest) if end is not None else None
+        if not holders:
+            return None
+        live = {w.worker: w for w in eligible}
+        fresh = [(seen, w) for w, seen in holders.items() if w in live]
+        if not fresh or now - max(fresh)[0] > self.prefix_ttl:
+            return None
+        return live[max(fresh)[1]]
+
+    def _overloaded(
+        self, home: WorkerLoad, eligible: list[WorkerLoad], work: float, now: float
     ) -> bool:
+        """`home` has been above the bound for `hold` seconds, still is with this request
+        counted, and some worker with credit would stay at or below the mean with it."""
         since = self._over_since.get(home.worker)
-        if since is None or now - since < self.hold or now - route.moved < self.cooldown:
+        if since is None or now - since < self.hold:
             return False
         total_slots = sum(w.slots for w in eligible)
-        mean_after = (sum(w.load for w in eligible) + tokens) / total_slots
+        mean_after = (sum(w.load for w in eligible) + work) / total_slots
         if home.per_slot <= (1 + self.epsilon) * mean_after:
             return False
         return any(
-            w.has_credit and w.worker != home.worker and (w.load + tokens) / w.slots <= mean_after
+            w.has_credit and w.worker != home.worker and (w.load + work) / w.slots <= mean_after
             for w in eligible
         )
 
     def _best(
-        self, free: list[WorkerLoad], tokens: float, blocks: Sequence[Block], now: float,
-        key: str, new_session: bool, exclude: str | None,
-    ) -> WorkerLoad | None:  # fmt: skip
-        candidates = [w for w in free if w.worker != exclude] or free
+        self, free: list[WorkerLoad], prompt: int, output: int, blocks: Sequence[Block],
+        now: float, key: str, new_session: bool, away: str | None,
+    ) -> tuple[WorkerLoad, float] | None:  # fmt: skip
+        """The cheapest worker (see the module docstring) and the load it would take on."""
+        candidates = [w for w in free if w.worker != away] or free
         if not candidates:
             return None
+        known = blocks[-1].tokens if blocks else 0
         cached = self._cached(blocks, {w.worker for w in candidates}, now)
-        prompt = blocks[-1].tokens if blocks else 0
+        held = {w.worker: min(known, cached.get(w.worker, 0)) for w in candidates}
+        work = {w.worker: self._work(prompt, output, held[w.worker]) for w in candidates}
         total_slots = sum(w.slots for w in candidates)
-        bound = (1 + self.epsilon) * (sum(w.load for w in candidates) + tokens) / total_slots
+        added = self._work(prompt, output, 0)  # the bound counts it uncached: the most
+        bound = (1 + self.epsilon) * (sum(w.load for w in candidates) + added) / total_slots
         within = [w for w in candidates if w.per_slot <= bound]
         if not within:
-            return min(candidates, key=_least)
-
-        held = {w.worker: min(prompt, cached.get(w.worker, 0)) for w in within}
+            pick = min(candidates, key=_least)
+            return pick, work[pick.worker]
 
         def cost(w: WorkerLoad) -> tuple[float, float, int]:
             # Ties (an idle pool has many) go to the worker with the fewest sessions per
@@ -294,12 +365,13 @@ class Affinity:
                 # A session stays: it brings a request like this one again and again. Its
                 # worker's load between steps (an idle instant) understates that, so count
                 # each session routed there as at least one such request in flight.
-                load = max(load, self._on[w.worker] * tokens)
-            uncached = self.prefix_weight * (prompt - held[w.worker])
-            return ((load + tokens + uncached) / w.slots, self._on[w.worker] / w.slots,
+                load = max(load, self._on[w.worker] * work[w.worker])
+            uncached = self.prefix_weight * (known - held[w.worker])
+            return ((load + work[w.worker] + uncached) / w.slots, self._on[w.worker] / w.slots,
                     _rendezvous(key, w.worker))  # fmt: skip
 
-        return min(within, key=cost)
+        pick = min(within, key=cost)
+        return pick, work[pick.worker]
 
     def _cached(self, blocks: Sequence[Block], workers: set[str], now: float) -> dict[str, int]:
         """Per worker, the tokens of the longest prefix of `blocks` it was recently sent."""
@@ -321,13 +393,11 @@ class Affinity:
         """Record a decision the router acted on: the session's route, the prefix index,
         and for a move off an overloaded worker, the restart of that worker's hold."""
         self._turn += 1
+        if decision.left is not None and decision.reason == "load":
+            self._over_since[decision.left] = now
         if decision.session is not None and self.policy == "switchyard":
             before = self.routes.get(decision.session)
-            if before is not None and before.worker != decision.worker:
-                if decision.reason == "load":
-                    self._over_since[before.worker] = now
-                self._set(decision.session, Route(decision.worker, now, now))
-            elif before is None:
+            if before is None or before.worker != decision.worker:
                 self._set(decision.session, Route(decision.worker, now, now))
             elif decision.write:
                 before.written = now

@@ -1,9 +1,10 @@
 """The sim server's HTTP API: OpenAI chat completions over one `SimEngine`, as vLLM serves it.
 
 Routes: `POST /v1/chat/completions` (streaming or not), `GET /v1/models`, `GET /health`,
-`GET /metrics` (vLLM's metric names, see `metrics`), and two for benchmarks only:
-`POST /sim/reset` (a cold engine) and `GET /sim/timings` (the modelled timings of the
-requests served since the last reset).
+`GET /metrics` (vLLM's metric names, see `metrics`), and three for benchmarks only:
+`POST /sim/reset` (a cold engine), `GET /sim/timings` (the modelled timings of the
+requests served since the last reset, each labelled with its calibration) and
+`GET /sim/calibration` (the GPU preset and the figures the engine runs with).
 
 The request and response shapes are the edge's (`switchyard.openai_compat`), so the
 two OpenAI surfaces of the project validate the same way. The session a request belongs to
@@ -146,6 +147,10 @@ def create_app(settings: SimSettings, model: str = "sim") -> FastAPI:
     @app.get("/sim/timings")
     async def timings() -> JSONResponse:
         return JSONResponse(state.timings_json())
+
+    @app.get("/sim/calibration")
+    async def calibration() -> JSONResponse:
+        return JSONResponse(settings.calibration_info())
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:

@@ -10,8 +10,9 @@ Routers and dashboards that read a vLLM engine read these unchanged:
 - `vllm:request_success_total{finished_reason}`, `vllm:prompt_tokens_total`,
   `vllm:generation_tokens_total`.
 
-Plus one of our own, `sim:busy_seconds_total`: the modelled service time (prefill + decode)
-of finished requests, so a benchmark can compare backends' load in time, not only requests.
+Plus one of our own, `sim:busy_seconds_total`: the modelled engine time finished requests
+used (`SimTimings.gpu`: each one's share of the steps it ran in), so a benchmark can compare
+backends' load in GPU time, not only in requests.
 
 Values are read from the engine when scraped (a collector, not counters kept beside it), so
 they can never drift from what the engine did.

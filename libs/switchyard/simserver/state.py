@@ -42,7 +42,7 @@ class SimServerState:
         t = self.engine.timings(request_id)
         if t is None:
             return None
-        self.totals.record(reason, t.prompt_tokens, t.completion_tokens, t.total - t.queue)
+        self.totals.record(reason, t.prompt_tokens, t.completion_tokens, t.gpu)
         self.finished.append(t)
         return t
 

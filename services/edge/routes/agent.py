@@ -43,10 +43,13 @@ async def agent_step(
 ) -> Response:
     """One agent step: 1-2 frames (JSON base64 or multipart files) -> the next action.
 
-    Errors: 409 `stale` (frame older than `stale_after`), 413 `oversized` (body,
+    Errors: 409 `stale` (frame older than `stale_after`, on the fleet's clock: send
+    `sent_at` so a skewed client clock is corrected) or `superseded` (a newer step of the
+    session arrived before this one started), 413 `oversized` (body,
     frame bytes, pixels, decompression bomb), 422 typed (`invalid_request`,
     `truncated`, ...) for a frame that is not a usable image, 429 `over_quota`
-    with Retry-After, 503 `no_capacity`, 504 `expired` (deadline).
+    with Retry-After, 502 `answer_cut` (the model's answer stopped at max_tokens or is
+    not an action: never a partial action), 503 `no_capacity`, 504 `expired` (deadline).
     """
     started = time.perf_counter()
     settings = state.settings
@@ -64,6 +67,7 @@ async def agent_step(
     f = step_in.fields
     step = AgentStep(
         id=request_id(request), tenant=who.tenant, session=f.session, frame_ts=f.frame_ts,
+        sent_at=f.sent_at,
         step=f.step, stale_after=f.stale_after, goal=f.goal, history=f.history,
         options=f.options,
         frames=[RawFrame(data=data, mime=mime[:100] or "application/octet-stream")
@@ -95,7 +99,8 @@ async def replay(retry: Replay, step_in: StepInput, started: float) -> Response:
 
 def step_fingerprint(step_in: StepInput) -> str:
     """The same step in either encoding has the same fingerprint."""
-    digest = hashlib.sha256(step_in.fields.model_dump_json().encode())
+    # A retry is sent later: its send time is not part of what it asks.
+    digest = hashlib.sha256(step_in.fields.model_dump_json(exclude={"sent_at"}).encode())
     for data, _ in step_in.frames:
         digest.update(hashlib.sha256(data).digest())
     return digest.hexdigest()[:64]

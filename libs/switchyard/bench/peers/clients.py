@@ -40,7 +40,7 @@ class Outcome:
     completion_tokens: int = 0
     modelled: ModelledTimings | None = None  # Switchyard's sim engine, from the result
     modelled_total_s: float | None = None  # Switchyard's sim engine, from the result
-    modelled_busy_s: float | None = None  # its prefill + decode (total minus queue)
+    modelled_busy_s: float | None = None  # the engine time it used (`ModelledTimings.gpu`)
     hops: dict[str, float] | None = None  # Switchyard: seconds per hop (`hops_of`)
 
 
@@ -135,9 +135,7 @@ async def nats_generate(bus: Bus, req: GenerateRequest, timeout: float = 120.0) 
                     completion_tokens=result.usage.completion_tokens,
                     modelled=modelled,
                     modelled_total_s=modelled.total if modelled is not None else None,
-                    modelled_busy_s=(
-                        modelled.total - modelled.queue if modelled is not None else None
-                    ),
+                    modelled_busy_s=modelled.gpu if modelled is not None else None,
                     hops=hops_of(result.route, ended),
                 )
     raise RequestFailed(f"request {req.id}: the stream ended without an end frame")

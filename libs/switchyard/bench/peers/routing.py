@@ -21,7 +21,8 @@ Per policy:
 - the modelled request latency the backends report (the sim's A100-calibrated time,
   free of this machine's CPU contention): the cleanest view of what routing did to
   queueing and prefill;
-- load imbalance: max/mean over backends of requests served and of modelled busy time;
+- load imbalance: max/mean over backends of requests served and of modelled GPU busy
+  time (`sim:busy_seconds_total`, each request's share of the engine steps it ran in);
 - stickiness: mean share of an episode's (conversation's) requests on its most-used
   backend, and for chat how many backends each tenant's requests reached (which backend
   served a request: the sim server's `/sim/timings` by request id; the worker in a
@@ -46,6 +47,7 @@ from switchyard.bench.peers.clients import Outcome, http_chat, nats_generate
 from switchyard.bench.peers.stats import Latency, delta, hit_rate, imbalance
 from switchyard.bench.peers.syfleet import POOL, switchyard_fleet
 from switchyard.bench.routeload import (
+    AGENT_ACT_S,
     BenchRequest,
     ChatConfig,
     Run,
@@ -77,6 +79,7 @@ class RoutingConfig:
     policies: tuple[str, ...] = ALL_POLICIES
     workload: WorkloadName = "agent"
     chat: ChatConfig = field(default_factory=ChatConfig)
+    act_s: float = AGENT_ACT_S  # agent: modelled seconds a phone acts between steps
 
     @property
     def clients(self) -> int:
@@ -118,7 +121,7 @@ class RoutingResult:
 
 async def run_workload(cfg: RoutingConfig, send: Send) -> Run:
     if cfg.workload == "agent":
-        return await run_agent(cfg.sessions, cfg.steps, cfg.seed, send)
+        return await run_agent(cfg.sessions, cfg.steps, cfg.seed, send, cfg.act_s, cfg.delay_scale)
     return await run_chat(cfg.chat, send)
 
 

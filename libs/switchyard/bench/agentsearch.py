@@ -1,0 +1,296 @@
+"""`sy agent-sim --search`: the largest phone count whose modelled p99 meets a target.
+
+One fleet (started, or `--nats`) serves a ladder of loads, climbed until one
+fails, then bisected (`next_load`). A load passes (`judge`) only when
+
+- the harness kept up: loop efficiency >= `min_loop_efficiency` (0.99 by
+  default), so the phones really offered the load of N phones - a capacity is
+  never reported at a load this machine could not produce;
+- every step was answered ok (a step not ok counts as infinitely late; a
+  superseded one, the phone's own choice, does not count) and the modelled p99
+  is within the target;
+- no answer was invalid in the step's action format, and none was cut.
+
+What limited the result (`limit`), from the first load that failed above the
+capacity (`limit_of`): `harness` (this machine, not the fleet: the capacity is a
+lower bound), `invalid actions`, `cut answers`, `prefill saturation` (the GPUs
+spent at least `SATURATED` of their modelled time on prefill: every step
+carries a new frame, and prefill is compute-bound), else the largest part of the
+failing tail - `prefill`, `decode` or `queueing`; `ladder` when every load
+passed (the capacity is at least the top rung).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+from switchyard.bench.agentsim import (
+    POOL_LOOKS,
+    AgentSimConfig,
+    AgentSimReport,
+    ModelledLatency,
+    agent_fleet,
+    drive,
+)
+
+# A GPU this busy with prefill has little left for decode steps and none for bursts.
+SATURATED = 0.6
+DEFAULT_MIN_LOOP_EFFICIENCY = 0.99
+
+
+@dataclass
+class LoadResult:
+    phones: int
+    steps: int
+    ok: int
+    stale: int
+    errors: dict[str, int]
+    invalid_actions: int
+    wall_p50_ms: float
+    wall_p99_ms: float
+    modelled: ModelledLatency | None
+    passed: bool
+    reason: str
+    superseded: int = 0
+    cut_answers: int = 0
+    steps_per_s: float = 0.0  # modelled, all phones
+    prefill_busy: float | None = None  # share of each GPU's modelled time
+    wait_share: float = 0.0
+    actions_per_phone_s: float = 0.0
+    calibration: str | None = None
+    phones_per_worker_max: int = 0  # how evenly the load's sessions were placed
+    workers_used: int = 0
+
+
+@dataclass
+class CapacityReport:
+    """The search's answer first (the figures at capacity), then how it got there."""
+
+    capacity_phones: int | None  # the largest passing load; None if the first load failed
+    p50_ms: float | None  # modelled, at capacity
+    p99_ms: float | None
+    invalid_actions: int | None  # at capacity
+    cut_answers: int | None
+    limit: str  # what limited it, one of the names in the module docstring
+    limit_detail: str  # ... in words, with the figures
+    calibration: str | None  # what the sim modelled (from the results)
+    layout: str
+    action_format: str
+    chunk: int
+    act_ms: float
+    asynchronous: bool
+    loop_efficiency: float | None  # at capacity
+    wait_share: float | None
+    actions_per_phone_s: float | None
+    steps_per_s: float | None
+    prefill_busy: float | None
+    target_p99_ms: float
+    at_capacity: LoadResult | None
+    first_failure: LoadResult | None
+    loads: list[LoadResult]  # in the order run
+    config: AgentSimConfig
+    wall_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def next_load(results: dict[int, bool], ladder: Sequence[int], resolution: int) -> int | None:
+    """The next phone count to try, or None when the search is done.
+
+    Climb `ladder` until a load fails, then bisect between the largest passing
+    and the smallest failing load until they are `resolution` apart or less, or
+    within 10 % of the passing load (finer than a load's own run-to-run noise).
+    A load below the first rung that fails ends the search (capacity below it).
+    """
+    for n in ladder:
+        if n not in results:
+            return n
+        if not results[n]:
+            break
+    passing = [n for n, ok in results.items() if ok]
+    failing = [n for n, ok in results.items() if not ok]
+    if not failing:
+        return None  # every rung passed: capacity is at least the top rung
+    hi = min(failing)
+    lo = max((n for n in passing if n < hi), default=0)
+    if lo == 0 or hi - lo <= max(resolution, lo // 10):
+        return None
+    mid = (lo + hi) // 2
+    return mid if mid not in results else None
+
+
+def judge(
+    report: AgentSimReport, target_ms: float,
+    min_loop_efficiency: float = DEFAULT_MIN_LOOP_EFFICIENCY,
+) -> LoadResult:  # fmt: skip
+    m = report.modelled
+    if m is None:
+        passed, reason = False, "no modelled timings (not a sim fleet?)"
+    elif m.loop_efficiency < min_loop_efficiency:
+        passed = False
+        reason = (
+            f"harness-bound: loop efficiency {m.loop_efficiency} < {min_loop_efficiency}, the "
+            "phones could not offer this load on this machine (raise --delay-scale)"
+        )
+    elif report.invalid_actions or report.cut_answers:
+        passed = False
+        reason = (
+            f"{report.invalid_actions} invalid actions, {report.cut_answers} cut answers "
+            f"({report.config.action_format}, chunk {report.config.chunk})"
+        )
+    elif m.p99_ms > target_ms:
+        late = "not all steps ok" if math.isinf(m.p99_ms) else f"{m.p99_ms} ms"
+        passed, reason = False, f"modelled p99 {late} > {target_ms} ms (limit: {m.limit})"
+    else:
+        passed, reason = True, f"modelled p99 {m.p99_ms} ms <= {target_ms} ms"
+    return LoadResult(
+        phones=report.config.phones, steps=report.steps, ok=report.ok, stale=report.stale,
+        errors=report.errors, invalid_actions=report.invalid_actions,
+        wall_p50_ms=report.latency_p50_ms, wall_p99_ms=report.latency_p99_ms,
+        modelled=m, passed=passed, reason=reason, superseded=report.superseded,
+        cut_answers=report.cut_answers, steps_per_s=report.steps_per_s,
+        prefill_busy=report.prefill_busy, wait_share=report.wait_share,
+        actions_per_phone_s=report.actions_per_phone_s, calibration=report.calibration,
+        phones_per_worker_max=report.phones_per_worker_max, workers_used=report.workers_used,
+    )  # fmt: skip
+
+
+def explain_limit(at: LoadResult | None, fail: LoadResult | None) -> str:
+    """What limits capacity, from the p99 tails of the largest passing and first failing load.
+
+    Names the largest component group of the failing tail, and the component that
+    grew most between the two loads: a budget mostly spent on a fixed prefill and
+    decode can be tipped over by a little queueing, and both are worth knowing.
+    """
+    src = fail or at
+    if src is None or src.modelled is None:
+        return "unknown (no modelled timings)"
+    if fail is not None and fail.reason.startswith("harness-bound"):
+        return f"this machine: {fail.reason}"
+    t = src.modelled.tail_parts_ms
+    queue = t["router"] + t["dispatch"] + t["engine_queue"]
+    where = "beyond capacity" if src is fail else "at the largest load tried"
+    text = (
+        f"{src.modelled.limit} ({where}, {src.phones} phones, mean of the p99 tail: decode "
+        f"{t['decode']} ms, prefill {t['prefill']} ms, queueing {round(queue, 1)} ms = router "
+        f"{t['router']} + dispatch {t['dispatch']} + engine queue {t['engine_queue']})"
+    )
+    if src.prefill_busy is not None:
+        text += (
+            f"; {src.steps_per_s} steps/s, prefill kept each GPU "
+            f"{round(src.prefill_busy * 100)} % busy"
+        )
+    if src.workers_used:
+        text += (
+            f"; sessions on {src.workers_used} workers, at most {src.phones_per_worker_max} "
+            "phones on one"
+        )
+    if fail is not None and fail.modelled is not None and at is not None and at.modelled:
+        before = at.modelled.tail_parts_ms
+        growth = {k: t[k] - before[k] for k in t if math.isfinite(t[k] - before[k])}
+        if growth:
+            grew = max(growth, key=lambda k: growth[k])
+            text += (
+                f"; from {at.phones} to {fail.phones} phones the tail grew most in {grew} "
+                f"(+{round(growth[grew], 1)} ms)"
+            )
+    return text
+
+
+def limit_of(at: LoadResult | None, fail: LoadResult | None) -> str:
+    """The name of what limited the search (see the module docstring)."""
+    if fail is None:
+        return "ladder" if at is not None else "unknown"
+    if fail.reason.startswith("harness-bound"):
+        return "harness"
+    if fail.invalid_actions:
+        return "invalid actions"
+    if fail.cut_answers:
+        return "cut answers"
+    if fail.modelled is None:
+        return "unknown"
+    if fail.prefill_busy is not None and fail.prefill_busy >= SATURATED:
+        return "prefill saturation"
+    return fail.modelled.limit
+
+
+def capacity_search(
+    measure: Callable[[int], LoadResult], ladder: Sequence[int], resolution: int
+) -> list[LoadResult]:
+    results: dict[int, bool] = {}
+    out: list[LoadResult] = []
+    while (n := next_load(results, ladder, resolution)) is not None:
+        res = measure(n)
+        results[n] = res.passed
+        out.append(res)
+    return out
+
+
+def run_capacity_search(
+    cfg: AgentSimConfig, ladder: Sequence[int], target_ms: float = 500.0,
+    resolution: int = 5, min_loop_efficiency: float = DEFAULT_MIN_LOOP_EFFICIENCY,
+) -> CapacityReport:  # fmt: skip
+    """Start one fleet (or use `cfg.nats_url`) and search it; see `next_load`."""
+    t0 = time.perf_counter()
+    # Every pool frame stays prepared in the preprocessor across the loads.
+    sized = replace(cfg, frame_cache=max(cfg.frame_cache, 2 * POOL_LOOKS * cfg.frame_pool))
+    with agent_fleet(sized) as url:
+        # Not measured: lets partition assignment settle and the services warm up, so the
+        # first rung does not pay the fleet's start-up.
+        warm = replace(sized, phones=min(ladder), steps=2, act_ms=0.0, stagger_s=0.0,
+                       ramp_steps=0)  # fmt: skip
+        asyncio.run(drive(warm, url))
+
+        def measure(n: int) -> LoadResult:
+            report = asyncio.run(drive(replace(sized, phones=n), url))
+            res = judge(report, target_ms, min_loop_efficiency)
+            # A search takes minutes: say where it is (stderr, so --json stays clean).
+            print(f"agent-sim search: {n} phones: {res.reason}", file=sys.stderr, flush=True)
+            return res
+
+        loads = capacity_search(measure, ladder, resolution)
+    passing = [r for r in loads if r.passed]
+    at = max(passing, key=lambda r: r.phones) if passing else None
+    above = [r for r in loads if not r.passed and (at is None or r.phones > at.phones)]
+    fail = min(above, key=lambda r: r.phones) if above else None
+    m = at.modelled if at is not None else None
+    calibrations = sorted({r.calibration for r in loads if r.calibration})
+    return CapacityReport(
+        capacity_phones=at.phones if at else None,
+        p50_ms=m.p50_ms if m else None, p99_ms=m.p99_ms if m else None,
+        invalid_actions=at.invalid_actions if at else None,
+        cut_answers=at.cut_answers if at else None,
+        limit=limit_of(at, fail), limit_detail=explain_limit(at, fail),
+        calibration=",".join(calibrations) or None,
+        layout=cfg.layout, action_format=cfg.action_format, chunk=cfg.chunk,
+        act_ms=cfg.act_ms, asynchronous=cfg.asynchronous,
+        loop_efficiency=m.loop_efficiency if m else None,
+        wait_share=at.wait_share if at else None,
+        actions_per_phone_s=at.actions_per_phone_s if at else None,
+        steps_per_s=at.steps_per_s if at else None,
+        prefill_busy=at.prefill_busy if at else None,
+        target_p99_ms=target_ms, at_capacity=at, first_failure=fail, loads=loads,
+        config=sized, wall_s=round(time.perf_counter() - t0, 1),
+        notes=[
+            "pass: modelled p99 <= target with every step answered ok (a step not ok counts "
+            f"as infinitely late), no invalid or cut answer, loop efficiency >= "
+            f"{min_loop_efficiency} (the harness kept up)",
+            "modelled = router + dispatch (measured wall / delay_scale) + the sim engine's "
+            "modelled queue, prefill, decode; wall figures include this machine's CPU work",
+            f"phones: {cfg.steps} steps each, "
+            f"{'async' if cfg.asynchronous else 'sync'}, chunk {cfg.chunk} x {cfg.act_ms:g} ms, "
+            f"delay scale {cfg.delay_scale:g}, frame pool {cfg.frame_pool}, starts spread "
+            f"over {cfg.stagger_s:g} wall s, first {cfg.ramp_steps} step(s) left out of "
+            "the percentiles",
+            f"resolution: bisection stops when pass and fail are <= {resolution} phones or "
+            "10 % apart",
+            f"a 2-step warm-up with {min(ladder)} phones ran first and is not reported",
+        ],
+    )  # fmt: skip

@@ -1,0 +1,294 @@
+"""Agent answer formats (`switchyard.agentactions`): the grammar, its regex, the parser and
+the encoder agree with each other and with the pydantic action models; the sim writes
+valid answers; cut answers are recognised; coordinates map back in either format."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+
+from switchyard.agentactions import (
+    ACTION_FORMATS,
+    COORD,
+    MAX_TYPED_CHARS,
+    PRESS_MS,
+    SWIPE_MS,
+    WAIT_MS,
+    ActionFormatError,
+    Answer,
+    answer_regex,
+    answer_token_budget,
+    encode_answer,
+    is_wrapped,
+    longest_answers,
+    parse_actions,
+    parse_answer_text,
+    why_cut,
+)
+from switchyard.agentprompt import Geometry, answer_to_original
+from switchyard.engines.base import EngineRequest
+from switchyard.engines.sim import SimEngine, SimSettings
+from switchyard.engines.sim_output import ACTION_KINDS, sim_action, sim_answer
+from switchyard.engines.sim_tokens import pseudo_tokens
+from switchyard.messages.agent import (
+    MAX_CHUNK,
+    ActionFormat,
+    Back,
+    Click,
+    LongPress,
+    Swipe,
+    TypeText,
+    Wait,
+    answer_schema,
+    parse_answer,
+)
+from switchyard.messages.inference import ActionsConstraint, ChatMessage, Image, Sampling
+
+SHAPES = [(f, k, t) for f in ACTION_FORMATS for k in range(1, MAX_CHUNK + 1) for t in (False, True)]
+
+
+def sim_answers(n: int, seed: int = 1) -> list[tuple[ActionFormat, int, bool, str]]:
+    """`n` sim answers of every (format, chunk, thought), on a 1260x700 frame (720p fitted)."""
+    rng = random.Random(seed)
+    frame = Image(hash="ab" * 16, data=b"x", mime="image/jpeg", width=1260, height=700)
+    req = EngineRequest(request_id="r", images=(frame,))
+    return [
+        (f, k, t, sim_answer(ActionsConstraint(action_format=f, chunk=k, thought=t), req, rng))
+        for f, k, t in SHAPES
+        for _ in range(n)
+    ]
+
+
+# -- round trips ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ACTION_FORMATS)
+def test_every_action_round_trips_and_matches_the_grammar(fmt: ActionFormat) -> None:
+    rng = random.Random(3)
+    for kind in ACTION_KINDS:
+        for _ in range(50):
+            action = sim_action(kind, 1260, 700, rng)
+            text = encode_answer(Answer((action,)), fmt)
+            assert parse_answer_text(text, fmt) == Answer((action,))
+            assert encode_answer(parse_answer_text(text, fmt), fmt) == text
+            assert re.fullmatch(answer_regex(fmt), text), text
+
+
+def test_sim_answers_parse_match_the_regex_and_fill_the_chunk() -> None:
+    for fmt, k, thought, text in sim_answers(20):
+        answer = parse_answer_text(text, fmt, chunk=k, thought=thought)
+        assert len(answer.actions) == k
+        assert (answer.thought is not None) == thought
+        assert re.fullmatch(answer_regex(fmt, k, thought), text), text
+        for a in answer.actions:
+            d = a.model_dump()
+            for kx, ky in (("x", "y"), ("x1", "y1"), ("x2", "y2")):
+                if kx in d:
+                    assert 0 <= d[kx] < 1260 and 0 <= d[ky] < 700
+        wrapped = is_wrapped(k, thought)
+        assert encode_answer(answer, fmt, wrapped=wrapped) == text
+        if fmt == "json":  # the JSON contract: pydantic parse and the published schema agree
+            assert parse_answer(text) == list(answer.actions)
+            jsonschema.validate(json.loads(text), answer_schema(k, thought))
+
+
+def test_compact_examples() -> None:
+    text = "# close the pop-up\nclick 520 1180\nlong_press 10 20 800\nswipe 100 900 100 300 250"
+    answer = parse_answer_text(text + "\ntype hello world\nwait 500", "compact")
+    assert answer.thought == "close the pop-up"
+    assert answer.actions == (
+        Click(x=520, y=1180),
+        LongPress(x=10, y=20, ms=800),
+        Swipe(x1=100, y1=900, x2=100, y2=300, ms=250),
+        TypeText(text="hello world"),
+        Wait(ms=500),
+    )
+    assert parse_actions("back", "compact") == [Back()]
+    assert parse_actions("done", "compact")[0].type == "done"
+    assert encode_answer(Answer((Click(x=0, y=16384),)), "compact") == "click 0 16384"
+
+
+def test_json_may_leave_ms_out_and_parse_accepts_whitespace() -> None:
+    text = '{"type":"long_press","x":1,"y":2}'
+    assert re.fullmatch(answer_regex("json"), text)
+    assert parse_actions(text, "json") == [LongPress(x=1, y=2, ms=800)]
+    assert parse_actions('{ "x": 1, "type": "click", "y": 2 }', "json") == [Click(x=1, y=2)]
+
+
+# -- numbers: exactly the models' bounds -----------------------------------------------
+
+
+def test_bounds_come_from_the_models() -> None:
+    assert COORD == (0, 16384) and PRESS_MS == SWIPE_MS == (1, 10_000) and WAIT_MS == (1, 60_000)
+
+
+@pytest.mark.parametrize("fmt", ACTION_FORMATS)
+def test_the_grammar_admits_exactly_the_models_numbers(fmt: ActionFormat) -> None:
+    rx = re.compile(answer_regex(fmt))
+
+    def wait(n: str) -> str:
+        return f"wait {n}" if fmt == "compact" else f'{{"type":"wait","ms":{n}}}'
+
+    def click(n: str) -> str:
+        return f"click {n} 7" if fmt == "compact" else f'{{"type":"click","x":{n},"y":7}}'
+
+    for n in range(0, 100_000):
+        assert bool(rx.fullmatch(wait(str(n)))) == (WAIT_MS[0] <= n <= WAIT_MS[1]), n
+    for n in range(0, 20_000):
+        assert bool(rx.fullmatch(click(str(n)))) == (n <= COORD[1]), n
+    for bad in ("01", "-1", "+1", "1.0", "1e3", "", "00"):
+        assert not rx.fullmatch(click(bad)), bad
+        with pytest.raises(ActionFormatError):
+            parse_actions(click(bad), fmt)
+
+
+# -- bad input -------------------------------------------------------------------------
+
+BAD_COMPACT = [
+    "", "\n", "click", "click 1", "click 1 2 3", "click -1 2", "click 01 2", "click 16385 0",
+    "click 1  2", "click 1 2 ", " click 1 2", "click 1 2\n", "Click 1 2", "tap 1 2",
+    "wait 0", "wait 60001", "wait", "long_press 1 2", "long_press 1 2 0", "long_press 1 2 10001",
+    "swipe 1 2 3 4", "swipe 1 2 3 4 5 6", "back 1", "done now", "type", "typehello",
+    "type a\x00b", "type a\tb", "#\nback", "# \nback", "#no space\nback", "# only a thought",
+    "back\n\nback", "back\r\nback", "\n".join(["back"] * (MAX_CHUNK + 1)),
+    "# " + "x" * 81 + "\nback", "click 1 2\n# late thought",
+]  # fmt: skip
+BAD_JSON = [
+    "", "{", '{"type":"click","x":1}', '{"type":"click","x":-1,"y":4}', '{"type":"jump"}',
+    '{"type":"click","x":1,"y":2,"z":3}', '{"actions":[]}', "[]", "click 1 2",
+    '{"type":"click","x":1.5,"y":2}', '{"type":"click","x":"1","y":2}',
+    '{"actions":[' + ",".join(['{"type":"back"}'] * (MAX_CHUNK + 1)) + "]}",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text"), [("compact", t) for t in BAD_COMPACT] + [("json", t) for t in BAD_JSON]
+)
+def test_bad_answers_are_typed_errors_and_outside_the_grammar(fmt: ActionFormat, text: str) -> None:
+    with pytest.raises(ActionFormatError):
+        parse_answer_text(text, fmt)
+    assert isinstance(ActionFormatError("x"), ValueError)  # callers may catch ValueError
+    for k in range(1, MAX_CHUNK + 1):
+        for thought in (False, True):
+            assert not re.fullmatch(answer_regex(fmt, k, thought), text), (k, thought)
+
+
+def test_the_step_limits_chunk_and_thought() -> None:
+    with pytest.raises(ActionFormatError, match="allowed 2"):
+        parse_answer_text("back\nback\nback", "compact", chunk=2)
+    with pytest.raises(ActionFormatError, match="thought"):
+        parse_answer_text("# hm\nback", "compact", thought=False)
+    with pytest.raises(ActionFormatError, match="thought"):
+        parse_answer_text('{"thought":"hm","actions":[{"type":"back"}]}', "json", thought=False)
+    assert not re.fullmatch(answer_regex("compact", 1, False), "# hm\nback")
+    assert not re.fullmatch(answer_regex("json", 1, False), '{"actions":[{"type":"back"}]}')
+    assert re.fullmatch(answer_regex("json", 1, True), '{"actions":[{"type":"back"}]}')
+
+
+def test_the_parser_takes_what_the_models_allow_beyond_the_grammar() -> None:
+    # Longer or richer typed text than a model may write is still a valid action.
+    long_text = "a" * 256
+    assert parse_actions(f"type {long_text}", "compact") == [TypeText(text=long_text)]
+    assert not re.fullmatch(answer_regex("compact"), f"type {long_text}")
+    assert parse_actions('type say "hi" [ok]', "compact") == [TypeText(text='say "hi" [ok]')]
+    with pytest.raises(ActionFormatError):
+        parse_actions("type " + "a" * 257, "compact")
+    assert len("type " + "a" * MAX_TYPED_CHARS) == 5 + MAX_TYPED_CHARS
+    assert re.fullmatch(answer_regex("compact"), "type " + "a" * MAX_TYPED_CHARS)
+    assert not re.fullmatch(answer_regex("compact"), "type " + "a" * (MAX_TYPED_CHARS + 1))
+
+
+def test_what_compact_cannot_hold_is_refused_when_encoding() -> None:
+    with pytest.raises(ActionFormatError, match="control"):
+        encode_answer(Answer((TypeText(text="two\nlines"),)), "compact")
+    with pytest.raises(ActionFormatError, match="thought"):
+        encode_answer(Answer((Back(),), "x" * 81), "compact")
+    with pytest.raises(ActionFormatError):
+        encode_answer(Answer(()), "json")
+    with pytest.raises(ActionFormatError):
+        encode_answer(Answer((Back(),) * (MAX_CHUNK + 1)), "compact")
+
+
+# -- budgets and cuts ------------------------------------------------------------------
+
+
+def test_budgets_hold_the_longest_answers_for_the_sim_too() -> None:
+    """The budget is measured with the real tokenizer (test_agent_actions_tokens.py); the
+    sim counts with its pseudo-tokenizer, which must fit in it too, or the sim would cut."""
+    for fmt, k, thought in SHAPES:
+        budget = answer_token_budget(fmt, k, thought)
+        for text in longest_answers(fmt, k, thought):
+            assert re.fullmatch(answer_regex(fmt, k, thought), text)
+            assert len(pseudo_tokens(text)) + 1 <= budget, (fmt, k, thought, text)
+        if k > 1:
+            assert budget > answer_token_budget(fmt, k - 1, thought)
+        assert answer_token_budget("compact", k, thought) < answer_token_budget("json", k, thought)
+    for fmt, k, thought, text in sim_answers(10):
+        assert len(pseudo_tokens(text)) < answer_token_budget(fmt, k, thought)
+    with pytest.raises(ValueError):
+        answer_token_budget("json", MAX_CHUNK + 1)
+
+
+def test_why_cut() -> None:
+    assert why_cut("click 520 1180", "stop", "compact", 1, False) is None
+    cut = why_cut("click 520 11", "length", "compact", 1, False)  # parses, but was cut
+    assert cut is not None and cut[0] == "length"
+    bad = why_cut('{"type":"click","x":5', "stop", "json", 1, False)
+    assert bad is not None and bad[0] == "unparseable"
+    too_many = why_cut("back\nback", "stop", "compact", 1, False)
+    assert too_many is not None and too_many[0] == "unparseable"
+
+
+# -- coordinates back to the original frame ---------------------------------------------
+
+
+def test_compact_answers_map_to_original_pixels_and_stay_compact() -> None:
+    g = Geometry(orig_width=1280, orig_height=720, width=308, height=168)
+    assert answer_to_original("click 154 84", g, "compact") == "click 642 362"
+    out = answer_to_original("# close it\nswipe 0 0 307 167 300\nback\nlong_press 9999 5 800",
+                             g, "compact")  # fmt: skip
+    assert out == "# close it\nswipe 2 2 1277 717 300\nback\nlong_press 1279 23 800"
+    assert answer_to_original("click 154", g, "compact") == "click 154"  # not an answer
+    # The same answer in JSON maps to the same points.
+    js = answer_to_original('{"type":"click","x":154,"y":84}', g)
+    assert parse_actions(js, "json") == parse_actions("click 642 362", "compact")
+
+
+# -- the sim engine answers the constraint -----------------------------------------------
+
+
+async def test_the_sim_engine_answers_valid_actions_with_their_token_count() -> None:
+    engine = SimEngine(SimSettings(delay_scale=0.0))
+    await engine.start()
+    try:
+        frame = Image(hash="cd" * 16, data=b"x", mime="image/jpeg", width=308, height=168)
+        for i, (fmt, k, thought) in enumerate(SHAPES):
+            c = ActionsConstraint(action_format=fmt, chunk=k, thought=thought)
+            req = EngineRequest(
+                request_id=f"a{i}", images=(frame,),
+                messages=(ChatMessage(role="user", content=f"step {i}: next action?"),),
+                sampling=Sampling(max_tokens=answer_token_budget(fmt, k, thought)),
+                constraint=c,
+            )  # fmt: skip
+            deltas = [d async for d in engine.generate(req)]
+            text = "".join(d.text for d in deltas)
+            assert deltas[-1].finish_reason == "stop"
+            assert deltas[-1].completion_tokens == len(pseudo_tokens(text))
+            answer = parse_answer_text(text, fmt, chunk=k, thought=thought)
+            assert len(answer.actions) == k
+            points = [v for a in answer.actions for f, v in a.model_dump().items() if f != "ms"]
+            assert all(v < 308 for v in points if isinstance(v, int))
+        # Below the derived budget it is cut, as a real engine would be.
+        short = EngineRequest(request_id="cut", images=(frame,), prompt="x",
+                              sampling=Sampling(max_tokens=3),
+                              constraint=ActionsConstraint(action_format="json"))  # fmt: skip
+        deltas = [d async for d in engine.generate(short)]
+        assert deltas[-1].finish_reason == "length"
+        cut = why_cut("".join(d.text for d in deltas), "length", "json", 1, False)
+        assert cut is not None
+    finally:
+        await engine.close()
