@@ -2,8 +2,9 @@
 
 The fleet is the one the CLI starts (an embedded NATS and one subprocess per
 service); two searches run against it: one whose target every load meets and
-one whose target none can, so both ends of the search are exercised; then the
-CLI itself searches it, chunked and compact, and prints the JSON the issue asks for.
+one whose target none can, so both ends of the search are exercised. Then the CLI
+runs a search of its own (on a fleet it starts for its load), chunked and compact,
+and prints the JSON the issue asks for.
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ def test_capacity_search_reports_modelled_latency_and_its_limit() -> None:
                                    min_loop_efficiency=0.0)  # fmt: skip
         tight = run_capacity_search(live, [2, 4], target_ms=50, resolution=1,
                                     min_loop_efficiency=0.0)  # fmt: skip
-        cli = subprocess.run(
-            [str(SY), "agent-sim", "--nats", url,
-             "--engine", "sim", "--workers", "2", "--search", "--loads", "2", "--steps", "3",
-             "--resolution", "320x180", "--action-format", "compact", "--chunk", "2",
-             "--act-ms", "20", "--delay-scale", "1", "--stale-after", "30",
-             "--target-ms", "5000", "--min-loop-efficiency", "0", "--json"],
-            capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
+    # The CLI starts a fleet of its own for its one load.
+    cli = subprocess.run(
+        [str(SY), "agent-sim",
+         "--engine", "sim", "--workers", "2", "--search", "--loads", "2", "--steps", "3",
+         "--resolution", "320x180", "--action-format", "compact", "--chunk", "2",
+         "--act-ms", "20", "--delay-scale", "1", "--stale-after", "30",
+         "--target-ms", "5000", "--min-loop-efficiency", "0", "--json"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
 
     assert [r.phones for r in easy.loads] == [2, 4]
     assert easy.capacity_phones == 4 and easy.first_failure is None

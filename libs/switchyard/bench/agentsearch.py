@@ -237,25 +237,29 @@ def run_capacity_search(
     cfg: AgentSimConfig, ladder: Sequence[int], target_ms: float = 500.0,
     resolution: int = 5, min_loop_efficiency: float = DEFAULT_MIN_LOOP_EFFICIENCY,
 ) -> CapacityReport:  # fmt: skip
-    """Start one fleet (or use `cfg.nats_url`) and search it; see `next_load`."""
+    """Search (`next_load`) on a fleet started for each load, or on `cfg.nats_url`'s.
+
+    A fresh fleet per load, because a fleet remembers the loads before: the router
+    keeps every session's worker for `SY_SESSION_TTL` (10 min) and places a new session
+    by the sessions each worker holds, ended or not, so after a few loads the phones of
+    the next one stack on some workers while others idle. That would measure the
+    search's own history, not N phones. A running fleet (`--nats`) is shared by the
+    loads, with that caveat (the notes say so).
+    """
     t0 = time.perf_counter()
-    # Every pool frame stays prepared in the preprocessor across the loads.
+    # Every pool frame stays prepared in the preprocessor across a load.
     sized = replace(cfg, frame_cache=max(cfg.frame_cache, 2 * POOL_LOOKS * cfg.frame_pool))
-    with agent_fleet(sized) as url:
-        # Not measured: lets partition assignment settle and the services warm up, so the
-        # first rung does not pay the fleet's start-up.
-        warm = replace(sized, phones=min(ladder), steps=2, act_ms=0.0, stagger_s=0.0,
-                       ramp_steps=0)  # fmt: skip
-        asyncio.run(drive(warm, url))
 
-        def measure(n: int) -> LoadResult:
-            report = asyncio.run(drive(replace(sized, phones=n), url))
-            res = judge(report, target_ms, min_loop_efficiency)
-            # A search takes minutes: say where it is (stderr, so --json stays clean).
-            print(f"agent-sim search: {n} phones: {res.reason}", file=sys.stderr, flush=True)
-            return res
+    def measure(n: int) -> LoadResult:
+        load = replace(sized, phones=n)
+        with agent_fleet(load) as url:  # a fresh one unless cfg names a running fleet
+            report = asyncio.run(drive(load, url))
+        res = judge(report, target_ms, min_loop_efficiency)
+        # A search takes minutes: say where it is (stderr, so --json stays clean).
+        print(f"agent-sim search: {n} phones: {res.reason}", file=sys.stderr, flush=True)
+        return res
 
-        loads = capacity_search(measure, ladder, resolution)
+    loads = capacity_search(measure, ladder, resolution)
     passing = [r for r in loads if r.passed]
     at = max(passing, key=lambda r: r.phones) if passing else None
     above = [r for r in loads if not r.passed and (at is None or r.phones > at.phones)]
@@ -291,6 +295,8 @@ def run_capacity_search(
             "the percentiles",
             f"resolution: bisection stops when pass and fail are <= {resolution} phones or "
             "10 % apart",
-            f"a 2-step warm-up with {min(ladder)} phones ran first and is not reported",
+            "each load ran on a fleet started for it" if cfg.nats_url is None else
+            "every load ran on the fleet at --nats: sessions of earlier loads still count "
+            "for the placement of new ones (SY_SESSION_TTL)",
         ],
     )  # fmt: skip

@@ -16,9 +16,11 @@ if TYPE_CHECKING:
 
 DEFAULT_LADDER = "10,25,50,100,200,400,600,800"
 # What a search on this project's 2-core machine needs to keep up (loop efficiency
-# >= 0.99 at the loads it climbs to), measured: the sim's wall clock slowed 4 x, so the
-# fleet's CPU work per step is small beside a step's modelled time, and two frames per
-# phone drawn before the run (cycled), so the phones draw nothing while they play.
+# >= 0.99): the sim's wall clock slowed 4 x, so the fleet's CPU work per step is small
+# beside a step's modelled time, and two frames per phone drawn before the run (cycled,
+# `agentsim.POOL_LOOKS` sets shared), so nothing is drawn or decoded while they play.
+# Measured with 720p frames, one action of 1.2 s per step: 0.991-0.996 from 2 to 100
+# phones (up to 69 steps/s modelled, 17 wall), with other jobs on the machine.
 SEARCH_DELAY_SCALE = 4.0
 SEARCH_FRAME_POOL = 2
 

@@ -29,7 +29,6 @@ def sim_server(
     from switchyard.logging import configure
     from switchyard.simserver.server import run_sim_server
 
-    configure("warning", service="sy-sim-server", json=False)
     overrides: dict[str, object] = {"delay_scale": delay_scale, "seed": seed}
     if max_num_seqs is not None:
         overrides["max_num_seqs"] = max_num_seqs
@@ -43,6 +42,8 @@ def sim_server(
         settings = settings.model_copy(
             update={"kv_capacity_tokens": kv_blocks * settings.block_size}
         )
+    # Only once the flags are sound: a refused flag leaves the process's logging as it was.
+    configure("warning", service="sy-sim-server", json=False)
     run_sim_server(settings, host=host, port=port, model=model, log_level=log_level)
 
 
