@@ -71,7 +71,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from switchyard.agentactions import encode_answer, map_points, parse_answer_text
+from switchyard.agentactions import (
+    ANSWER_INSTRUCTIONS,
+    encode_answer,
+    map_points,
+    parse_answer_text,
+)
 from switchyard.messages.agent import ActionFormat, AgentStep, parse_answer
 from switchyard.messages.inference import ChatMessage, FrameGeometry, Image, ImagePart, TextPart
 
@@ -94,18 +99,19 @@ _SEES: dict[AgentLayout, str] = {
 }
 
 
-def _system_prompt(layout: AgentLayout) -> str:
+def system_prompt(layout: AgentLayout, action_format: ActionFormat = "json") -> str:
+    """What the model is told: what it sees (`layout`) and how to answer (`action_format`,
+    `agentactions.ANSWER_INSTRUCTIONS`; a grammar forces the same syntax)."""
     return (
         "You are an agent that plays a mobile game on a cloud phone. Each step you see "
-        f"{_SEES[layout]}. Answer "
-        "with the next action as compact JSON and nothing else: click x,y; long_press "
-        "x,y,ms; swipe x1,y1,x2,y2,ms; type text; back; wait ms; done. Coordinates are "
+        f"{_SEES[layout]}. {ANSWER_INSTRUCTIONS[action_format]} Coordinates are "
         "pixels of the current screenshot, origin top left. Never tap ads or purchases; "
         "close pop-ups; wait while a spinner shows; do not explain."
     )
 
 
-SYSTEM_PROMPTS: dict[AgentLayout, str] = {layout: _system_prompt(layout) for layout in LAYOUTS}
+# The JSON prompts, per layout (the one the agent prompt has always carried for `pair`).
+SYSTEM_PROMPTS: dict[AgentLayout, str] = {layout: system_prompt(layout) for layout in LAYOUTS}
 SYSTEM_PROMPT = SYSTEM_PROMPTS["pair"]
 
 
@@ -226,6 +232,7 @@ def build_messages(
 ) -> list[ChatMessage]:
     """Messages for one step in `layout`; `frames` are the prepared frames, oldest first.
 
+    The system prompt asks for the step's action format (`StepOptions.action_format`).
     `pair`: the frames the step carried (previous and current, or the current
     alone). `single`: the current frame only. `window`: the window's frames, of
     steps `step.step - len(frames) + 1` .. `step.step`.
@@ -243,6 +250,6 @@ def build_messages(
         parts += [ImagePart(hash=f.hash) for f in frames]
     parts.append(TextPart(text=f"Step {step.step}: next action?"))
     return [
-        ChatMessage(role="system", content=SYSTEM_PROMPTS[layout]),
+        ChatMessage(role="system", content=system_prompt(layout, step.options.action_format)),
         ChatMessage(role="user", content=parts),
     ]

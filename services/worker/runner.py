@@ -7,12 +7,15 @@ acked by the pull loop. A request cancelled, superseded by a newer step of its
 agent session, stale or past its deadline (`switchyard.requestpolicy`, the
 router's verdict too) is answered without touching the engine. The newest step
 per session comes from the routers' `NewestStep` notices (`observe`) and from the
-requests this worker pulls itself. A step already on the engine is never
-aborted for a newer one (its action may still be of use); but an answer that is
-ready only after its frame outlived its budget is answered `stale`, its text
-withheld, so a phone never acts on a screen that is gone. Nor on part of an
-action: an agent answer that stopped at `max_tokens`, or is not an answer in the
-step's action format, is answered `error` with code `answer_cut` (and counted).
+requests this worker pulls itself. A step handed to the engine but not yet begun
+there (no token out: waiting for a slot, or in prefill) is aborted for a newer step
+and answered `superseded` too - its screen is gone and the GPU time is the newer
+step's. A step already producing tokens is left to finish (its action may still be
+of use); but an answer that is ready only after its frame outlived its budget is
+answered `stale`, its text withheld, so a phone never acts on a screen that is gone.
+Nor on part of an action: an agent answer that stopped at `max_tokens`, or is not
+an answer in the step's action format, is answered `error` with code `answer_cut`
+(and counted).
 """
 
 from __future__ import annotations
@@ -67,13 +70,28 @@ class Runner:
         self.engine = engine
         self.worker_id = worker_id
         self.running: set[str] = set()
+        # Agent steps on the engine that have not produced a token yet, by request id.
+        self.unbegun: dict[str, GenerateRequest] = {}
+        self.superseded: set[str] = set()  # ... of those, aborted for a newer step
+        self.aborting: set[asyncio.Future[None]] = set()
         self.cancelled = Tombstones()
         self.newest = NewestSteps()
 
     def observe(self, tenant: str, session: str, step: int) -> None:
         """A router admitted `step` of the session: its older steps not started here are
-        answered `superseded` when their turn comes."""
+        answered `superseded` when their turn comes, and those on the engine that have
+        not begun are aborted now."""
         self.newest.see(tenant, session, step)
+        self._supersede_unbegun(tenant, session, step)
+
+    def _supersede_unbegun(self, tenant: str, session: str, step: int) -> None:
+        for rid, req in list(self.unbegun.items()):
+            if req.tenant == tenant and req.session == session and (req.step or 0) < step:
+                self.superseded.add(rid)
+                del self.unbegun[rid]
+                task = asyncio.ensure_future(self.engine.abort(rid))
+                self.aborting.add(task)  # held until done: the loop keeps weak references
+                task.add_done_callback(self.aborting.discard)
 
     async def cancel(self, request_id: str) -> None:
         self.cancelled.add(request_id)
@@ -109,7 +127,8 @@ class Runner:
     async def _run(self, req: GenerateRequest, writer: TokenStreamWriter | None) -> Outcome:
         now = time.time()
         since = req.admitted_at or req.created_at
-        self.newest.see_request(req)
+        if self.newest.see_request(req) and req.session is not None and req.step is not None:
+            self._supersede_unbegun(req.tenant, req.session, req.step)
         refusal = verdict(
             req, now, cancelled=req.id in self.cancelled, newest=self.newest.newest(req),
             where="before it started",
@@ -124,6 +143,8 @@ class Runner:
         usage = Usage()
         finish: FinishReason | None = None
         self.running.add(req.id)
+        if req.session is not None and req.step is not None:
+            self.unbegun[req.id] = req
         # The engine stops at the deadline whether or not it checks deadlines itself.
         remaining = req.remaining()
         watchdog = (
@@ -137,7 +158,9 @@ class Runner:
             async for delta in self.engine.generate(EngineRequest.from_generate(req)):
                 last = time.time()
                 if delta.text:
-                    first = first or last
+                    if first is None:
+                        first = last
+                        self.unbegun.pop(req.id, None)  # begun: no longer superseded
                     text.append(delta.text)
                     if writer is not None and req.stream:
                         await writer.delta(delta.text, delta.completion_tokens)
@@ -153,6 +176,9 @@ class Runner:
             return _refused(Refusal(status, exc.code, exc.reason), since, time.time())
         finally:
             self.running.discard(req.id)
+            self.unbegun.pop(req.id, None)
+            superseded = req.id in self.superseded
+            self.superseded.discard(req.id)
             if watchdog is not None:
                 watchdog.cancel()
         timings = _timings(since, started, first, last, usage.completion_tokens)
@@ -166,6 +192,12 @@ class Runner:
         tenant = metrics.TENANTS(req.tenant)
         metrics.TOKENS_IN.labels(tenant).inc(usage.prompt_tokens)
         metrics.TOKENS_OUT.labels(tenant).inc(usage.completion_tokens)
+        if superseded:
+            newest = self.newest.newest(req)
+            error = ErrorInfo(code="superseded", reason=(
+                f"step {req.step} superseded by step {newest} of its session on the engine, "
+                "before it produced a token"))  # fmt: skip
+            return Outcome("superseded", "", "abort", usage, timings, error, started, first)
         if finish == "abort":
             reason = "cancelled" if req.id in self.cancelled else "aborted"
             return Outcome(

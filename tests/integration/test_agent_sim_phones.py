@@ -78,7 +78,7 @@ def by_step(recs: list[StepRecord]) -> list[StepRecord]:
 
 
 async def test_a_sync_phone_executes_its_chunk_before_the_next_frame(phone_fleet: str) -> None:
-    cfg = phones(phone_fleet, phones=1, steps=3, chunk=3, act_ms=150)
+    cfg = phones(phone_fleet, phones=1, steps=3, chunk=3, act_ms=150, ramp_steps=1)
     played = await play(cfg, phone_fleet)
 
     recs = by_step(played.records)
@@ -89,11 +89,15 @@ async def test_a_sync_phone_executes_its_chunk_before_the_next_frame(phone_fleet
         assert a.taken_at is not None and a.taken_at >= a.sent + a.latency_s - TIMER
         # The next frame is captured only after the whole chunk ran.
         assert b.sent >= a.taken_at + 3 * act - TIMER, b.sent - a.taken_at
+    # The phone's time counts from the end of the ramp (step 0 and its chunk).
     (t,) = played.times
-    assert t.actions == 9 and t.acting == pytest.approx(9 * act)
+    assert t.actions == 6 and t.acting == pytest.approx(6 * act)
+    first = recs[0].taken_at
+    assert first is not None and t.start >= first + 3 * act - TIMER
     assert t.switches == 0 and t.dropped == 0
     report = summarise(cfg, played.records, played.wall_s, played.times)
-    assert report.actions_executed == 9 and report.superseded == 0 and report.errors == {}
+    assert report.actions_executed == 6 and report.superseded == 0 and report.errors == {}
+    assert report.modelled is not None and report.modelled.steps == 2  # the ramp left out
     assert 0 < report.wait_share < 1 and report.actions_per_phone_s > 0
     assert report.calibration == "a100"
 

@@ -1,8 +1,9 @@
 """Superseded and stale agent steps on real NATS: preprocessor, router and `sim` worker.
 
-- A newer step of a session supersedes its older step still queued in the router or
-  dispatched but not yet started by the worker: the older is answered `superseded`
-  (on RES and its inbox, exactly once), the newer is served.
+- A newer step of a session supersedes its older step still queued in the router,
+  dispatched but not yet started by the worker, or on the engine without a token out
+  (aborted there): the older is answered `superseded` (on RES and its inbox, exactly
+  once), the newer is served.
 - An answer ready only after its frame outlived its budget is answered `stale`.
 - A phone whose clock is 5 s fast or slow: its fresh frames are served and its stale
   ones answered `stale` (the preprocessor estimates the clock's offset per session).
@@ -197,39 +198,79 @@ async def test_a_newer_step_supersedes_the_older_one_queued_in_the_router(
     assert answers.only(busy.id).status == "ok"
 
 
-async def test_a_newer_step_supersedes_the_older_one_dispatched_but_not_started(
-    bus: Bus, nats_url: str, unique: str, sim_one_slot: None
-) -> None:
-    pool, tenant, session = f"d{unique}", f"t{unique}", f"ep-{unique}"
+def engine_waiting() -> float:
+    """Requests the in-process worker's engine holds without a slot (its vLLM gauge)."""
+    return sum(
+        sample.value
+        for family in REGISTRY.collect() if family.name == "vllm:num_requests_waiting"
+        for sample in family.samples
+    )  # fmt: skip
+
+
+async def older_then_newer(
+    bus: Bus, nats_url: str, pool: str, *, worker_credit: int, older_on_engine: bool
+) -> GenerateResult:
+    """A blocker holds the worker's one slot; step 1 of its session is dispatched behind it
+    (two requests per slot), then step 2 arrives. With `worker_credit` 1 the worker pulls
+    one message per partition at once, so step 1 waits in WORK; with more it reaches the
+    engine and waits there (`older_on_engine`). Returns step 1's one answer (`superseded`),
+    once all three are answered and no second answer showed."""
+    tenant, session = f"t{pool}", f"ep-{pool}"
     await provision_pool(bus.js, pool)
-    # Two requests per slot: the older step is dispatched behind the blocker, but the
-    # worker pulls one message per partition at once (credit 1), so it waits in WORK.
-    async with agent_fleet(nats_url, pool, credit_per_slot=2, worker_credit=1) as fleet:
+    async with (
+        agent_fleet(nats_url, pool, credit_per_slot=2, worker_credit=worker_credit) as fleet,
+        Answers(bus, tenant) as answers,
+    ):
         router, worker = fleet
-        async with Answers(bus, tenant) as answers:
-            busy = blocker(tenant, pool, session)
-            await answers.send(busy, subjects.req("llm", tenant))
-            await until(lambda: busy.id in router.outstanding, timeout=30, what="blocker out")
-            older, newer = step(tenant, session, 1), step(tenant, session, 2)
-            await answers.send(older, subjects.agent_in(tenant))
-            await until(lambda: older.id in router.outstanding, timeout=30,
-                        what="the older step dispatched")  # fmt: skip
-            await answers.send(newer, subjects.agent_in(tenant))
+        busy = blocker(tenant, pool, session)
+        await answers.send(busy, subjects.req("llm", tenant))
+        await until(lambda: busy.id in router.outstanding, timeout=30, what="blocker out")
+        older, newer = step(tenant, session, 1), step(tenant, session, 2)
+        await answers.send(older, subjects.agent_in(tenant))
+        await until(lambda: older.id in router.outstanding, timeout=30,
+                    what="the older step dispatched")  # fmt: skip
+        if older_on_engine:
+            await until(lambda: engine_waiting() >= 1, timeout=30,
+                        what="the older step waiting on the engine for a slot")  # fmt: skip
+        await answers.send(newer, subjects.agent_in(tenant))
+        if older_on_engine:
+            await until(lambda: answers.answered(older.id), timeout=30, what="older answered")
+            assert busy.id in router.outstanding  # aborted at once, not after the blocker
+        else:
             await until(lambda: router.queue.get(newer.id) is not None, timeout=30,
                         what="the newer step queued (no credit left)")  # fmt: skip
             assert not answers.answered(older.id)  # the router did not answer it: it is out
-            await until(lambda: answers.answered(busy.id, older.id, newer.id), timeout=60,
-                        what="all three answered")  # fmt: skip
-            await asyncio.sleep(0.5)  # a window for a second answer to show (none must)
+        await until(lambda: answers.answered(busy.id, older.id, newer.id), timeout=60,
+                    what="all three answered")  # fmt: skip
+        await asyncio.sleep(0.5)  # a window for a second answer to show (none must)
 
     superseded = answers.only(older.id)
     assert superseded.status == "superseded" and superseded.worker == worker
     assert superseded.error is not None and superseded.error.code == "superseded"
-    assert superseded.error.reason.endswith("before it started")
-    assert superseded.usage.completion_tokens == 0  # the engine never saw it
+    assert superseded.text == "" and superseded.usage.completion_tokens == 0
     served = answers.only(newer.id)
     assert served.status == "ok" and served.worker == worker and served.text
     assert answers.only(busy.id).status == "ok"
+    return superseded
+
+
+@pytest.mark.parametrize(
+    ("worker_credit", "older_on_engine", "reason"),
+    [
+        (1, False, "before it started"),  # waiting in WORK: the engine never saw it
+        (4, True, "on the engine, before it produced a token"),  # aborted there
+    ],
+    ids=["dispatched-not-started", "waiting-on-the-engine"],
+)
+async def test_a_newer_step_supersedes_the_older_one_dispatched(
+    bus: Bus, nats_url: str, unique: str, sim_one_slot: None,
+    worker_credit: int, older_on_engine: bool, reason: str,
+) -> None:  # fmt: skip
+    superseded = await older_then_newer(
+        bus, nats_url, f"d{worker_credit}{unique}", worker_credit=worker_credit,
+        older_on_engine=older_on_engine,
+    )  # fmt: skip
+    assert superseded.error is not None and reason in superseded.error.reason
 
 
 async def test_an_answer_ready_after_its_frame_went_stale_is_answered_stale(

@@ -237,3 +237,22 @@ def test_bisection_stops_within_ten_percent_of_the_passing_load() -> None:
     # Resolution 1 would bisect 300..400 down to one phone; 10 % of 325 ends it at 25 apart.
     assert search(333, [50, 100, 200, 400], resolution=1) == [50, 100, 200, 400, 300, 350, 325]
     assert search(7, [5, 10], resolution=1) == [5, 10, 7, 8]  # small loads: to the phone
+
+
+def test_the_limit_tells_own_decode_from_decode_slowed_by_others_prefill() -> None:
+    # 20 output tokens on the a100 preset: 20 x (1 + 11.95 + 0.0683) ms = 260.4 ms alone.
+    recs = [rec(k, router=0, dispatch=0, queue=0, prefill=0.14, decode=0.39) for k in range(10)]
+    for r in recs:
+        r.output_tokens, r.calibration = 20, "a100"
+    m = modelled_latency(recs, scale=1.0, loop_s=10.0, ideal_s=10.0)
+    assert m is not None and m.tail_output_tokens == 20.0
+    assert m.tail_decode_alone_ms == pytest.approx(260.4, abs=0.1)
+    fail = LoadResult(16, 10, 10, 0, {}, 0, 0.0, 0.0, m, False, "")
+    text = explain_limit(None, fail)
+    assert "would decode in 260.4 ms alone on the GPU, the other 129.6 ms were decode" in text
+    # Off the presets (a default or overridden sim) the split is not claimed.
+    recs[0].calibration = None
+    m = modelled_latency(recs, scale=1.0, loop_s=10.0, ideal_s=10.0)
+    assert m is not None and m.tail_decode_alone_ms is None
+    assert "alone" not in explain_limit(None, LoadResult(16, 10, 10, 0, {}, 0, 0.0, 0.0, m,
+                                                         False, ""))  # fmt: skip

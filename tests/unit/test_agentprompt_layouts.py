@@ -13,6 +13,7 @@ import pytest
 import switchyard.agentprompt as agentprompt
 from services.preprocessor.layout import estimate_prompt_tokens
 from services.preprocessor.settings import PreprocessorSettings
+from switchyard.agentactions import ANSWER_INSTRUCTIONS
 from switchyard.agentprompt import (
     LAYOUTS,
     MAX_WINDOW,
@@ -20,6 +21,7 @@ from switchyard.agentprompt import (
     AgentLayout,
     build_messages,
     fit,
+    system_prompt,
     window_start,
 )
 from switchyard.bench.agentsim import AgentSimConfig, _PrefixModel
@@ -27,7 +29,7 @@ from switchyard.bench.layoutcost import frame_image, frame_steps, layout_cost, s
 from switchyard.engines.base import EngineRequest
 from switchyard.engines.sim import SimSettings
 from switchyard.engines.sim_tokens import pseudo_tokens, render_prompt
-from switchyard.messages.agent import AgentStep, RawFrame
+from switchyard.messages.agent import AgentStep, RawFrame, StepOptions
 from switchyard.messages.inference import Image, ImagePart, TextPart
 
 SIZE = fit(1280, 720, 1280 * 720)
@@ -140,6 +142,19 @@ def test_layouts_have_their_own_system_prompt_and_pair_keeps_the_old_one() -> No
     assert SYSTEM_PROMPTS["pair"] == agentprompt.SYSTEM_PROMPT
     assert "previous and the current screenshot" in SYSTEM_PROMPTS["pair"]
     assert len(set(SYSTEM_PROMPTS.values())) == 3
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_system_prompt_asks_for_the_steps_answer_format(layout: AgentLayout) -> None:
+    frames = _frames(layout, 2, 4)
+    for fmt in ("json", "compact"):
+        step = _step(2).model_copy(update={"options": StepOptions(action_format=fmt)})
+        system = build_messages(step, frames, layout)[0].content
+        assert system == system_prompt(layout, fmt)
+        assert ANSWER_INSTRUCTIONS[fmt] in system
+    assert build_messages(_step(2), frames, layout)[0].content == SYSTEM_PROMPTS[layout]
+    assert "one per line" in system_prompt(layout, "compact")
+    assert "JSON" not in system_prompt(layout, "compact")
 
 
 def test_window_start_compacts_every_w_and_restarts_when_lost() -> None:

@@ -182,6 +182,16 @@ def explain_limit(at: LoadResult | None, fail: LoadResult | None) -> str:
         f"{t['decode']} ms, prefill {t['prefill']} ms, queueing {round(queue, 1)} ms = router "
         f"{t['router']} + dispatch {t['dispatch']} + engine queue {t['engine_queue']})"
     )
+    alone = src.modelled.tail_decode_alone_ms
+    if alone is not None:
+        # Compute-bound prefill shares each engine step: a decode step that carries another
+        # step's prefill chunk lasts as long as that chunk. Say how much of decode that was.
+        text += (
+            f"; the tail's answers ({src.modelled.tail_output_tokens} output tokens) would "
+            f"decode in {alone} ms alone on the GPU, the other "
+            f"{round(max(0.0, t['decode'] - alone), 1)} ms were decode steps shared with "
+            "other steps' prefill"
+        )
     if src.prefill_busy is not None:
         text += (
             f"; {src.steps_per_s} steps/s, prefill kept each GPU "

@@ -149,8 +149,9 @@ class AgentSimConfig:
     asynchronous: bool = False  # send the next step while the chunk executes
     lead_ms: float | None = None  # async: send that long before the chunk ends; None = act_ms
     clock_skew_s: float = 0.0  # the phone's clock minus the fleet's (wall s)
-    # Steps of each phone left out of the latency percentiles: the ramp while the other
-    # phones are still starting (their errors and invalid actions still count).
+    # Steps of each phone left out of the latency percentiles and of its time (loop
+    # efficiency, wait share, action rate): the ramp while the other phones are still
+    # starting and the fleet is cold. Their errors and invalid actions still count.
     ramp_steps: int = 0
 
     def __post_init__(self) -> None:
@@ -193,6 +194,7 @@ class StepRecord:
     latency_s: float
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    output_tokens: int = 0
     shared_tokens: int = 0
     valid: bool = False
     code: str | None = None
@@ -234,7 +236,7 @@ class PhoneTime:
     """One phone's time, wall seconds (perf_counter): what it did, and what it should have
     taken had only the fleet model and its own actions taken time."""
 
-    start: float = 0.0
+    start: float = 0.0  # after the ramp (`AgentSimConfig.ramp_steps`)
     end: float = 0.0
     acting: float = 0.0  # executing actions (intended: act_ms x scale each)
     waiting: float = 0.0  # waiting on inference with nothing to execute (measured)
@@ -277,6 +279,11 @@ class ModelledLatency:
     tail_parts_ms: dict[str, float]  # mean of each component over the steps at or above p99
     limit: str  # the largest tail component group: queueing, prefill or decode
     loop_efficiency: float
+    # The tail's answers: output tokens, and what their decode would take on an otherwise
+    # idle GPU of the calibration (batch of one); the rest of `tail_parts_ms["decode"]` is
+    # decode steps that shared the GPU with other steps' prefill. None off the sim presets.
+    tail_output_tokens: float
+    tail_decode_alone_ms: float | None
     harness_frame_p50_ms: float  # the phone drawing a frame (wall)
     outside_p50_ms: float  # wall - admission->answer: preprocess CPU, NATS hops, reply (wall)
     outside_p99_ms: float
@@ -475,6 +482,12 @@ class _Phone:
     async def _send(self, *, early: bool = False) -> None:
         cfg, k = self.cfg, len(self.history)
         captured = time.perf_counter()
+        if k == cfg.ramp_steps > 0:
+            # The ramp is over: the phone's time counts from the first step it measures
+            # (sync: after the ramp's last chunk ran; async: during its last action).
+            t = self.time
+            t.start, t.acting, t.waiting, t.waiting_ideal = captured, 0.0, 0.0, 0.0
+            t.actions = t.switches = t.dropped = 0
         size = (cfg.width, cfg.height)
         cur = (
             self.pool[k % len(self.pool)] if self.pool
@@ -524,6 +537,7 @@ class _Phone:
                 rec.worker = res.worker
                 rec.prompt_tokens = res.usage.prompt_tokens
                 rec.cached_tokens = res.usage.cached_tokens
+                rec.output_tokens = res.usage.completion_tokens
                 _timings_into(rec, res.timings)
                 if res.status == "ok":
                     with contextlib.suppress(ActionFormatError):
@@ -589,9 +603,22 @@ def modelled_latency(
         tail_parts_ms={n: _ms(v) for n, v in tail_mean.items()},
         limit=max(groups, key=lambda g: groups[g]),
         loop_efficiency=round(min(1.0, ideal_s / loop_s), 3) if loop_s > 0 else 0.0,
+        tail_output_tokens=round(sum(r.output_tokens for r in tail) / len(tail), 1),
+        tail_decode_alone_ms=_decode_alone_ms(tail),
         harness_frame_p50_ms=_ms(percentile([r.frame_s for r in recs], 0.5)),
         outside_p50_ms=_ms(percentile(outside, 0.5)), outside_p99_ms=_ms(percentile(outside, 0.99)),
     )  # fmt: skip
+
+
+def _decode_alone_ms(recs: Sequence[StepRecord]) -> float | None:
+    """Mean decode time of `recs`' answers alone on their calibration's GPU (batch of one)."""
+    alone = []
+    for r in recs:
+        if r.calibration not in SIM_GPUS:
+            return None
+        c = sim_calibration(r.calibration)
+        alone.append(r.output_tokens * (c.step_overhead + c.tpot_base + c.tpot_per_seq))
+    return _ms(sum(alone) / len(alone)) if alone else None
 
 
 def _calibration(recs: Sequence[StepRecord]) -> str | None:

@@ -31,6 +31,12 @@ def agent_sim(
     engine: str = typer.Option("llamacpp", help="llamacpp or sim (the GPU simulator)"),
     workers: int | None = typer.Option(None, min=1, help="default: 8 for sim, 1 otherwise"),
     resolution: str = typer.Option("1280x720", "--resolution", "--frame-size", help="frame WxH"),
+    max_pixels: int = typer.Option(
+        1280 * 720,
+        min=28 * 28,
+        help="pixels the model sees of a frame (the started preprocessor's SY_MAX_PIXELS; "
+        "with --nats, the running fleet's); fewer = fewer visual tokens to prefill",
+    ),
     stale_after: float | None = typer.Option(
         None, help="wall s; default 2 x delay scale (sim), 60 (llamacpp)"
     ),
@@ -116,6 +122,7 @@ def agent_sim(
         cfg = AgentSimConfig(
             phones=phones, steps=steps, engine=engine,
             workers=workers or (8 if sim else 1), width=int(w), height=int(h),
+            max_pixels=max_pixels,
             # llama.cpp on a CPU serves one step at a time: a 2 s budget would drop most.
             # A slowed sim clock (delay scale) stretches the wall budget with it.
             stale_after=stale_after or (2.0 * max(scale, 1.0) if sim else 60.0),
