@@ -53,6 +53,12 @@ class Refusal:
         return ErrorInfo(code=self.code, reason=self.reason, retry_after=self.retry_after)
 
 
+def superseded_by(req: GenerateRequest, newest: int | None, where: str) -> Refusal:
+    """`req`, a step of an agent session, gives way to the session's step `newest`."""
+    reason = f"step {req.step} superseded by step {newest} of its session {where}"
+    return Refusal("superseded", "superseded", reason)
+
+
 def verdict(
     req: GenerateRequest,
     now: float,
@@ -67,8 +73,7 @@ def verdict(
     if cancelled:
         return Refusal("cancelled", "cancelled", f"cancelled {where}")
     if req.step is not None and newest is not None and newest > req.step:
-        reason = f"step {req.step} superseded by step {newest} of its session {where}"
-        return Refusal("superseded", "superseded", reason)
+        return superseded_by(req, newest, where)
     stale = staleness(req, now, where=where)
     if stale is not None:
         return stale

@@ -46,7 +46,14 @@ from switchyard.messages.inference import (
     Timings,
     Usage,
 )
-from switchyard.requestpolicy import NewestSteps, Refusal, Tombstones, staleness, verdict
+from switchyard.requestpolicy import (
+    NewestSteps,
+    Refusal,
+    Tombstones,
+    staleness,
+    superseded_by,
+    verdict,
+)
 
 log = get_logger(__name__)
 
@@ -70,8 +77,9 @@ class Runner:
         self.engine = engine
         self.worker_id = worker_id
         self.running: set[str] = set()
-        # Agent steps on the engine that have not produced a token yet, by request id.
-        self.unbegun: dict[str, GenerateRequest] = {}
+        # Agent steps on the engine that have not produced a token yet, per session
+        # (tenant, session) -> {request id: step}: every router's notice looks one up.
+        self.unbegun: dict[tuple[str, str], dict[str, int]] = {}
         self.superseded: set[str] = set()  # ... of those, aborted for a newer step
         self.aborting: set[asyncio.Future[None]] = set()
         self.cancelled = Tombstones()
@@ -85,13 +93,24 @@ class Runner:
         self._supersede_unbegun(tenant, session, step)
 
     def _supersede_unbegun(self, tenant: str, session: str, step: int) -> None:
-        for rid, req in list(self.unbegun.items()):
-            if req.tenant == tenant and req.session == session and (req.step or 0) < step:
-                self.superseded.add(rid)
-                del self.unbegun[rid]
-                task = asyncio.ensure_future(self.engine.abort(rid))
-                self.aborting.add(task)  # held until done: the loop keeps weak references
-                task.add_done_callback(self.aborting.discard)
+        waiting = self.unbegun.get((tenant, session), {})
+        for rid in [rid for rid, older in waiting.items() if older < step]:
+            self.superseded.add(rid)
+            del waiting[rid]
+            task = asyncio.ensure_future(self.engine.abort(rid))
+            self.aborting.add(task)  # held until done: the loop keeps weak references
+            task.add_done_callback(self.aborting.discard)
+
+    def _begun(self, req: GenerateRequest) -> None:
+        """`req` produced its first token (or left the engine): no newer step aborts it."""
+        if req.session is None:
+            return
+        key = (req.tenant, req.session)
+        waiting = self.unbegun.get(key)
+        if waiting is not None:
+            waiting.pop(req.id, None)
+            if not waiting:
+                del self.unbegun[key]
 
     async def cancel(self, request_id: str) -> None:
         self.cancelled.add(request_id)
@@ -144,7 +163,7 @@ class Runner:
         finish: FinishReason | None = None
         self.running.add(req.id)
         if req.session is not None and req.step is not None:
-            self.unbegun[req.id] = req
+            self.unbegun.setdefault((req.tenant, req.session), {})[req.id] = req.step
         # The engine stops at the deadline whether or not it checks deadlines itself.
         remaining = req.remaining()
         watchdog = (
@@ -160,7 +179,7 @@ class Runner:
                 if delta.text:
                     if first is None:
                         first = last
-                        self.unbegun.pop(req.id, None)  # begun: no longer superseded
+                        self._begun(req)
                     text.append(delta.text)
                     if writer is not None and req.stream:
                         await writer.delta(delta.text, delta.completion_tokens)
@@ -176,7 +195,7 @@ class Runner:
             return _refused(Refusal(status, exc.code, exc.reason), since, time.time())
         finally:
             self.running.discard(req.id)
-            self.unbegun.pop(req.id, None)
+            self._begun(req)
             superseded = req.id in self.superseded
             self.superseded.discard(req.id)
             if watchdog is not None:
@@ -193,10 +212,10 @@ class Runner:
         metrics.TOKENS_IN.labels(tenant).inc(usage.prompt_tokens)
         metrics.TOKENS_OUT.labels(tenant).inc(usage.completion_tokens)
         if superseded:
-            newest = self.newest.newest(req)
-            error = ErrorInfo(code="superseded", reason=(
-                f"step {req.step} superseded by step {newest} of its session on the engine, "
-                "before it produced a token"))  # fmt: skip
+            gave_way = superseded_by(
+                req, self.newest.newest(req), "on the engine, before it produced a token"
+            )
+            error = gave_way.error
             return Outcome("superseded", "", "abort", usage, timings, error, started, first)
         if finish == "abort":
             reason = "cancelled" if req.id in self.cancelled else "aborted"

@@ -89,7 +89,7 @@ from switchyard.bus.tokenstream import TokenStreamReader
 from switchyard.capacity.calibration import SIM_GPUS, SimGpu, sim_calibration
 from switchyard.config import Settings
 from switchyard.engines.base import EngineRequest
-from switchyard.engines.sim import SimSettings
+from switchyard.engines.sim import SimSettings, decode_step_seconds
 from switchyard.engines.sim_tokens import render_prompt
 from switchyard.errors import StreamTimeout
 from switchyard.fleet import UNMETERED, FleetSpec, Pool, env_of, launch
@@ -616,8 +616,7 @@ def _decode_alone_ms(recs: Sequence[StepRecord]) -> float | None:
     for r in recs:
         if r.calibration not in SIM_GPUS:
             return None
-        c = sim_calibration(r.calibration)
-        alone.append(r.output_tokens * (c.step_overhead + c.tpot_base + c.tpot_per_seq))
+        alone.append(r.output_tokens * decode_step_seconds(sim_calibration(r.calibration), 1))
     return _ms(sum(alone) / len(alone)) if alone else None
 
 

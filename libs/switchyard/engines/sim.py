@@ -61,7 +61,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -290,6 +290,22 @@ class _Seq:
     gpu: float = 0.0  # its share of the steps it ran in (`SimTimings.gpu`)
 
 
+class DecodeFigures(Protocol):
+    """The decode figures of `SimSettings`, and of a preset (`SimCalibration`)."""
+
+    @property
+    def step_overhead(self) -> float: ...
+    @property
+    def tpot_base(self) -> float: ...
+    @property
+    def tpot_per_seq(self) -> float: ...
+
+
+def decode_step_seconds(s: DecodeFigures, batch: int) -> float:
+    """Modelled duration of one decode step (no prefill) with `batch` sequences."""
+    return s.step_overhead + s.tpot_base + s.tpot_per_seq * batch
+
+
 class SimEngine:
     """A simulator of one vLLM GPU engine (kind ``"sim"``); see the module docstring."""
 
@@ -391,8 +407,7 @@ class SimEngine:
 
     def tpot(self, batch: int) -> float:
         """Modelled duration of one decode step (no prefill) with `batch` sequences."""
-        s = self.settings
-        return s.step_overhead + s.tpot_base + s.tpot_per_seq * batch
+        return decode_step_seconds(self.settings, batch)
 
     def step_time(self, batch: int, prefill_tokens: int) -> float:
         """Modelled duration of one step of `batch` sequences carrying `prefill_tokens`."""
