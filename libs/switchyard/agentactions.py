@@ -30,7 +30,10 @@ that the longest answer - and so a step's `max_tokens` - is small and known:
 
 - numbers are canonical decimals (no sign, no leading zero) within exactly the
   models' bounds (coordinates 0..16384, press/swipe 1..10000 ms, wait
-  1..60000 ms): a sentence of the grammar always validates;
+  1..60000 ms): a sentence of the grammar always validates. The coordinate
+  bound is the same for every VLM profile (`switchyard.vlmgeometry`): a
+  relative profile's 0..1000, 1000 included, lies within it, and the worker
+  clamps a point beyond the frame to its edge (`agentprompt.Geometry`);
 - text (`type`, the thought) is 1..`MAX_TYPED_CHARS` (32) resp. 1..80 chars of
   `TEXT_CLASS`, printable ASCII without `"`, `\\`, `[` and `]`: no JSON escape
   can make a character cost six tokens, and a character of a byte-level BPE

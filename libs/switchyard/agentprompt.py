@@ -61,7 +61,10 @@ one - and what it pays is KV: a session holds its whole prompt, up to W frames.
 
 Geometry lives here too because both sides need it: the preprocessor resizes
 with `fit`, and whoever executes an action maps its coordinates back with
-`Geometry.to_original`.
+`Geometry.to_original`. Both follow the pool's VLM profile
+(`switchyard.vlmgeometry`, `SY_AGENT_VLM`): its visual-token size (28 px for
+Qwen2.5-VL, which the table above assumes; 32 px for Qwen3-VL) and its
+coordinate convention, which the system prompt states (`system_prompt`).
 """
 
 from __future__ import annotations
@@ -79,9 +82,11 @@ from switchyard.agentactions import (
 )
 from switchyard.messages.agent import ActionFormat, AgentStep, parse_answer
 from switchyard.messages.inference import ChatMessage, FrameGeometry, Image, ImagePart, TextPart
+from switchyard.vlmgeometry import DEFAULT_VLM, PROFILES, RELATIVE_SCALE, VlmName, vlm_profile
 
-# Qwen2.5-VL: 14 px patches merged 2x2, so one visual token per 28x28 square.
-PATCH_PX = 28
+# The default profile's visual token (Qwen2.5-VL: 14 px patches merged 2x2, 28x28 px);
+# callers that know the pool's profile pass its `patch_px`.
+PATCH_PX = PROFILES[DEFAULT_VLM].patch_px
 
 AgentLayout = Literal["pair", "single", "window"]
 LAYOUTS: tuple[AgentLayout, ...] = ("pair", "single", "window")
@@ -99,24 +104,39 @@ _SEES: dict[AgentLayout, str] = {
 }
 
 
-def system_prompt(layout: AgentLayout, action_format: ActionFormat = "json") -> str:
-    """What the model is told: what it sees (`layout`) and how to answer (`action_format`,
-    `agentactions.ANSWER_INSTRUCTIONS`; a grammar forces the same syntax)."""
+# How a profile's model writes a point (`VlmProfile.coords`), in the model's own terms.
+_COORDS = {
+    "pixels": "Coordinates are pixels of the current screenshot, origin top left.",
+    "relative-1000": (
+        "Coordinates are relative, 0-1000 across the current screenshot's width and "
+        "height, origin top left."
+    ),
+}
+
+
+def system_prompt(
+    layout: AgentLayout, action_format: ActionFormat = "json", vlm: VlmName = DEFAULT_VLM
+) -> str:
+    """What the model is told: what it sees (`layout`), how to answer (`action_format`,
+    `agentactions.ANSWER_INSTRUCTIONS`; a grammar forces the same syntax) and in which
+    coordinates (the convention of profile `vlm`, the one the worker maps back from)."""
     return (
         "You are an agent that plays a mobile game on a cloud phone. Each step you see "
-        f"{_SEES[layout]}. {ANSWER_INSTRUCTIONS[action_format]} Coordinates are "
-        "pixels of the current screenshot, origin top left. Never tap ads or purchases; "
+        f"{_SEES[layout]}. {ANSWER_INSTRUCTIONS[action_format]} "
+        f"{_COORDS[vlm_profile(vlm).coords]} Never tap ads or purchases; "
         "close pop-ups; wait while a spinner shows; do not explain."
     )
 
 
-# The JSON prompts, per layout (the one the agent prompt has always carried for `pair`).
+# The JSON prompts of the default profile, per layout (the one the agent prompt has always
+# carried for `pair`).
 SYSTEM_PROMPTS: dict[AgentLayout, str] = {layout: system_prompt(layout) for layout in LAYOUTS}
 SYSTEM_PROMPT = SYSTEM_PROMPTS["pair"]
 
 
 def fit(width: int, height: int, max_pixels: int, patch: int = PATCH_PX) -> tuple[int, int]:
-    """The size the model sees: within `max_pixels`, aspect kept, sides multiples of `patch`.
+    """The size the model sees: within `max_pixels`, aspect kept, sides multiples of `patch`
+    (the pool's `VlmProfile.patch_px`: then the engine's own resize keeps it as it is).
 
     Never upscales beyond rounding to a whole patch: a small frame gains nothing
     from extra pixels but would pay visual tokens for them.
@@ -128,28 +148,50 @@ def fit(width: int, height: int, max_pixels: int, patch: int = PATCH_PX) -> tupl
 
 
 def visual_tokens(width: int, height: int, patch: int = PATCH_PX) -> int:
+    """Visual tokens of a `width` x `height` frame, one per `patch` x `patch` square."""
     return max(1, math.ceil(width / patch) * math.ceil(height / patch))
 
 
 @dataclass(frozen=True)
 class Geometry:
-    """Original and resized sizes: how model coordinates map back to the phone's pixels."""
+    """Original and resized sizes and the VLM profile: how model coordinates map back to
+    the phone's pixels."""
 
     orig_width: int
     orig_height: int
     width: int
     height: int
+    vlm: VlmName = DEFAULT_VLM
 
     def to_original(self, x: int, y: int) -> tuple[int, int]:
-        """A point in resized space -> the original pixel under its centre."""
-        sx, sy = self.orig_width / self.width, self.orig_height / self.height
-        ox = min(self.orig_width - 1, max(0, math.floor((x + 0.5) * sx)))
-        oy = min(self.orig_height - 1, max(0, math.floor((y + 0.5) * sy)))
-        return ox, oy
+        """A point as the model writes it -> the original pixel under it, clamped to the frame.
+
+        `pixels`: (x, y) names a pixel of the resized frame; the original pixel under
+        its centre. `relative-1000`: (x, y) is a position, x/1000 of the width from
+        the left edge; the original pixel that contains it, floor(x/1000 * width) -
+        the same "pixel under the point" rule, on a scale with no pixels of its own.
+        1000 is the far edge itself, inside no pixel: it clamps to the last one, as
+        does anything beyond the frame (the grammar's bounds are the same for every
+        profile, `agentactions.COORD`).
+        """
+        if vlm_profile(self.vlm).coords == "relative-1000":
+            # Integer arithmetic: exact, no float rounding at the pixel boundaries.
+            ox, oy = x * self.orig_width // RELATIVE_SCALE, y * self.orig_height // RELATIVE_SCALE
+        else:
+            sx, sy = self.orig_width / self.width, self.orig_height / self.height
+            ox, oy = math.floor((x + 0.5) * sx), math.floor((y + 0.5) * sy)
+        return min(self.orig_width - 1, max(0, ox)), min(self.orig_height - 1, max(0, oy))
 
     @classmethod
     def of(cls, g: FrameGeometry) -> Geometry:
-        return cls(g.orig_width, g.orig_height, g.width, g.height)
+        return cls(g.orig_width, g.orig_height, g.width, g.height, g.vlm)
+
+    def frame_geometry(self) -> FrameGeometry:
+        """What a request records (`GenerateRequest.frame_geometry`), profile included."""
+        return FrameGeometry(
+            orig_width=self.orig_width, orig_height=self.orig_height,
+            width=self.width, height=self.height, vlm=self.vlm,
+        )  # fmt: skip
 
 
 # The coordinate pairs of the action contract (click/long_press, swipe).
@@ -228,11 +270,12 @@ def _window_parts(step: AgentStep, frames: list[Image]) -> list[TextPart | Image
 
 
 def build_messages(
-    step: AgentStep, frames: list[Image], layout: AgentLayout = "pair"
+    step: AgentStep, frames: list[Image], layout: AgentLayout = "pair", vlm: VlmName = DEFAULT_VLM
 ) -> list[ChatMessage]:
     """Messages for one step in `layout`; `frames` are the prepared frames, oldest first.
 
-    The system prompt asks for the step's action format (`StepOptions.action_format`).
+    The system prompt asks for the step's action format (`StepOptions.action_format`) in
+    the coordinates of profile `vlm` (the pool's: its frames were resized for it).
     `pair`: the frames the step carried (previous and current, or the current
     alone). `single`: the current frame only. `window`: the window's frames, of
     steps `step.step - len(frames) + 1` .. `step.step`.
@@ -250,6 +293,6 @@ def build_messages(
         parts += [ImagePart(hash=f.hash) for f in frames]
     parts.append(TextPart(text=f"Step {step.step}: next action?"))
     return [
-        ChatMessage(role="system", content=system_prompt(layout, step.options.action_format)),
+        ChatMessage(role="system", content=system_prompt(layout, step.options.action_format, vlm)),
         ChatMessage(role="user", content=parts),
     ]

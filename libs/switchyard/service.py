@@ -2,13 +2,19 @@
 
 `run_service(name, settings, main)` calls `main(bus, stop)`; `stop` is set on
 SIGTERM or SIGINT, and `main` is expected to stop taking work, finish what it
-holds, and return. The bus is drained and closed afterwards.
+holds, and return. The bus is drained and closed afterwards. A `main` that cannot go on
+(the worker whose engine died) cleans up the same way and raises `ServiceExit`: the
+process then exits with its code at once, and its supervisor (compose's `restart:`, k8s)
+starts a fresh one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 
 from switchyard.bus.connection import Bus, connect
@@ -17,6 +23,16 @@ from switchyard.logging import configure, get_logger
 from switchyard.metrics import serve_metrics
 
 Main = Callable[[Bus, asyncio.Event], Awaitable[None]]
+
+
+class ServiceExit(Exception):
+    """Raised by a service's `main`, once it has cleaned up, to end the process with
+    `code` (non-zero): what it serves cannot go on in this process."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"exit {code}: {reason}")
+        self.code = code
+        self.reason = reason
 
 
 async def serve(name: str, settings: Settings, main: Main) -> None:
@@ -37,4 +53,14 @@ async def serve(name: str, settings: Settings, main: Main) -> None:
 
 def run_service(name: str, settings: Settings, main: Main) -> None:
     configure(settings.log_level, service=name)
-    asyncio.run(serve(name, settings, main))
+    try:
+        asyncio.run(serve(name, settings, main))
+    except ServiceExit as e:
+        get_logger(name).error("service.exit", code=e.code, reason=e.reason)
+        # All it held is closed (bus, engine): skip the interpreter's finalization, which
+        # in a process holding torch and vLLM is seconds of garbage collection (10 s and
+        # more on a busy host) before its supervisor may start the next one.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(e.code)

@@ -36,6 +36,7 @@ from switchyard.messages.sql import (
     AnswerPath,
     Cell,
     Clarification,
+    ResultFacts,
     SqlAnswer,
     SqlAsk,
     SqlText,
@@ -52,7 +53,7 @@ MAX_ROWS = 10_000  # the HTTP cap; the bus allows more, an HTTP body should not 
 # What a client sees of a `SqlAnswer`: the outcome, not the envelope (ids, trace, reply).
 ANSWER_FIELDS = {
     "request_id", "status", "path", "sql", "columns", "rows", "truncated", "summary",
-    "chart", "clarification", "stages", "duration", "error",
+    "summary_source", "facts", "chart", "clarification", "stages", "duration", "error",
 }  # fmt: skip
 
 
@@ -91,6 +92,12 @@ class SqlAnswerBody(BaseModel):
     rows: list[list[Cell]] = []
     truncated: bool = False
     summary: str | None = None
+    summary_source: Literal["template", "model"] | None = Field(
+        default=None, description="template: written from `facts`; model: a checked rephrasing"
+    )
+    facts: ResultFacts | None = Field(
+        default=None, description="the result's facts, computed from its rows without a model"
+    )
     chart: dict[str, Any] | None = Field(default=None, description="Vega-Lite spec")
     clarification: Clarification | None = None
     stages: dict[str, float] = Field(default={}, description="seconds per stage")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 
 import msgpack
@@ -43,7 +44,6 @@ from switchyard.messages.agent import AgentStep, StepOptions
 from switchyard.messages.inference import (
     ActionsConstraint,
     ErrorInfo,
-    FrameGeometry,
     GenerateRequest,
     Image,
     ResultStatus,
@@ -61,6 +61,7 @@ def limits_from(settings: PreprocessorSettings) -> FrameLimits:
         max_decode_pixels=settings.max_decode_pixels,
         max_pixels=settings.max_pixels,
         output=settings.frame_format,
+        vlm=settings.agent_vlm,
     )
 
 
@@ -99,21 +100,22 @@ def to_generate(
     and the bytes on the bus follow the layout.
     """
     images = [to_image(f) for f in frames]
-    messages = build_messages(step, images, layout or settings.layout_for(step.tenant).layout)
+    vlm = settings.agent_vlm
+    messages = build_messages(step, images, layout or settings.layout_for(step.tenant).layout, vlm)
     opts = step.options
     sampling, constraint = answer_limits(opts, settings)
-    g = frames[-1].geometry  # the model answers in the current frame's resized pixels
+    # The model answers about the current frame, in the convention the prompt asked for:
+    # the request records that profile with the frame's sizes, so the worker maps with it.
+    g = dataclasses.replace(frames[-1].geometry, vlm=vlm)
     return GenerateRequest(
         id=step.id, tenant=step.tenant, created_at=step.created_at, deadline=step.deadline,
         priority=step.priority, session=step.session, frame_ts=step.frame_ts,
         reply=step.reply, trace=step.trace, workload="agent", pool=settings.agent_pool,
         messages=messages, images=images, prepared_at=time.time(),
         sampling=sampling, constraint=constraint,
-        prompt_tokens=estimate_prompt_tokens(messages, images),
+        prompt_tokens=estimate_prompt_tokens(messages, images, vlm),
         stale_after=step.stale_after, step=step.step,
-        frame_geometry=FrameGeometry(
-            orig_width=g.orig_width, orig_height=g.orig_height, width=g.width, height=g.height
-        ),
+        frame_geometry=g.frame_geometry(),
         # No token stream: partial JSON is no use to a phone, and its deltas would
         # carry resized-space coordinates; the worker maps the finished answer.
         stream=False,

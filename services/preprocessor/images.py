@@ -28,6 +28,7 @@ from PIL import Image, UnidentifiedImageError
 
 from switchyard.agentprompt import Geometry, fit
 from switchyard.errors import ErrorCode
+from switchyard.vlmgeometry import DEFAULT_VLM, VlmName, vlm_profile
 
 ALLOWED_FORMATS = ("PNG", "JPEG", "WEBP")
 OutputFormat = Literal["jpeg", "png", "webp"]
@@ -39,6 +40,7 @@ class FrameLimits:
     max_bytes: int = 3 * 1024 * 1024
     max_decode_pixels: int = 4096 * 4096  # what we agree to decode at all
     max_pixels: int = 1280 * 720  # the model's budget after resizing (720p-class)
+    vlm: VlmName = DEFAULT_VLM  # whose visual tokens the frame is resized to whole ones of
     output: OutputFormat = "jpeg"
     quality: int = 90
 
@@ -102,13 +104,13 @@ def prepare_frame(data: bytes, limits: FrameLimits) -> PreparedFrame | FrameReje
         return img
     t1 = time.perf_counter()
     rgb = img.convert("RGB")  # palette, alpha and grey frames hash and encode alike
-    size = fit(rgb.width, rgb.height, limits.max_pixels)
+    size = fit(rgb.width, rgb.height, limits.max_pixels, vlm_profile(limits.vlm).patch_px)
     resized = rgb if size == rgb.size else rgb.resize(size, Image.Resampling.BILINEAR)
     digest = pixel_hash(resized)
     out = io.BytesIO()
     fmt = limits.output.upper()
     resized.save(out, format=fmt, quality=limits.quality)
-    geometry = Geometry(img.width, img.height, resized.width, resized.height)
+    geometry = Geometry(img.width, img.height, resized.width, resized.height, limits.vlm)
     return PreparedFrame(
         digest, out.getvalue(), MIME[limits.output], geometry, t1 - t0, time.perf_counter() - t1
     )

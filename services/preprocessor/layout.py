@@ -18,6 +18,7 @@ from switchyard.agentprompt import AgentLayout, visual_tokens
 from switchyard.messages.agent import AgentStep
 from switchyard.messages.inference import ChatMessage, Image
 from switchyard.token_estimate import estimate_tokens
+from switchyard.vlmgeometry import DEFAULT_VLM, VlmName, vlm_profile
 
 # Around each image: <|vision_start|> and <|vision_end|> (Qwen-VL).
 IMAGE_FRAMING_TOKENS = 2
@@ -67,12 +68,16 @@ def window_fits(window: int, max_pixels: int, frame_format: str, limit: int) -> 
     )
 
 
-def estimate_prompt_tokens(messages: list[ChatMessage], frames: list[Image]) -> int:
-    """Text (conservative, ~4 chars/token) + visual tokens from each frame's size.
+def estimate_prompt_tokens(
+    messages: list[ChatMessage], frames: list[Image], vlm: VlmName = DEFAULT_VLM
+) -> int:
+    """Text (conservative, ~4 chars/token) + visual tokens from each frame's size, counted
+    with profile `vlm`'s token size.
 
     `frames` are the images the layout put in the prompt (one per `ImagePart`),
     so the estimate follows the layout: two frames for `pair`, one for
     `single`, the window's for `window`.
     """
-    visual = sum(visual_tokens(f.width, f.height) + IMAGE_FRAMING_TOKENS for f in frames)
+    patch = vlm_profile(vlm).patch_px
+    visual = sum(visual_tokens(f.width, f.height, patch) + IMAGE_FRAMING_TOKENS for f in frames)
     return estimate_tokens(messages) + visual

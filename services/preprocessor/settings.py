@@ -10,6 +10,7 @@ from services.preprocessor.layout import LayoutChoice, window_fits
 from switchyard.agentprompt import MAX_WINDOW, AgentLayout
 from switchyard.config import Settings
 from switchyard.envelope import TenantId
+from switchyard.vlmgeometry import DEFAULT_VLM, VlmName
 
 
 class TenantLayout(BaseModel):
@@ -38,6 +39,11 @@ class PreprocessorSettings(Settings):
     max_decode_pixels: int = Field(default=4096 * 4096, ge=1)
     # The model's pixel budget per frame (720p-class; 1080p -> 720p cuts visual tokens 56 %).
     max_pixels: int = Field(default=1280 * 720, ge=28 * 28)
+    # The pool's VLM (`switchyard.vlmgeometry`): frames are resized to whole visual tokens
+    # of its size, the prompt states its coordinates, and the worker maps them back with
+    # it. Qwen2.5-VL (28 px, resized-frame pixels) by default, as before profiles existed;
+    # a Qwen3-VL pool (the seeds' Qwen3-VL-8B: 32 px, relative 0-1000) sets qwen3-vl.
+    agent_vlm: VlmName = DEFAULT_VLM
     frame_format: Literal["jpeg", "png", "webp"] = "jpeg"
     # Prepared frames remembered by raw-bytes digest: a step's previous frame was
     # the step before's current frame, so it is decoded once per episode, not twice.

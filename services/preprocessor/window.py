@@ -62,7 +62,7 @@ from switchyard.errors import DecodeError
 from switchyard.logging import get_logger
 from switchyard.messages.agent import AgentStep
 from switchyard.messages.agentwindow import WindowFrame, window_key
-from switchyard.messages.inference import FrameGeometry, Image
+from switchyard.messages.inference import Image
 
 log = get_logger(__name__)
 
@@ -93,9 +93,7 @@ def to_entry(step: AgentStep, start: int, frame: PreparedFrame) -> WindowFrame:
             hash=frame.hash, data=frame.data, mime=frame.mime,  # type: ignore[arg-type]
             width=g.width, height=g.height,
         ),
-        geometry=FrameGeometry(
-            orig_width=g.orig_width, orig_height=g.orig_height, width=g.width, height=g.height
-        ),
+        geometry=g.frame_geometry(),
     )  # fmt: skip
 
 

@@ -11,9 +11,10 @@ import contextlib
 import time
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from switchyard.bus.kvkeys import kv_keys
 from switchyard.bus.topology import ASSIGNMENTS_BUCKET, WORKERS_BUCKET
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError
@@ -49,13 +50,9 @@ class Fleet:
 
     async def refresh_workers(self) -> None:
         workers_kv = _opened(self._workers_kv)
-        try:
-            keys = await workers_kv.keys()
-        except NoKeysError:
-            keys = []
-        # keys() lists through a watch that can end before an entry being rewritten shows
-        # up; a worker missed for one refresh would lose its partitions (and its warm
-        # caches). Ask for every known worker by name too: only a real miss drops it.
+        keys = await kv_keys(self.js, WORKERS_BUCKET)
+        # A worker missed for one refresh would lose its partitions (and its warm caches):
+        # ask for every known worker by name too, so only a real miss drops it.
         keys = [*keys, *(k for k in self.workers if k not in keys)]
         seen: dict[str, WorkerHeartbeat] = {}
         for key in keys:

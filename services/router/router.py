@@ -47,6 +47,7 @@ from switchyard.scheduling.affinity import Affinity, Block, Decision, WorkerLoad
 from switchyard.scheduling.fair import FairQueue, Item
 from switchyard.scheduling.placement import Placement
 from switchyard.scheduling.policy import Policies
+from switchyard.vlmgeometry import DEFAULT_VLM, vlm_profile
 
 log = get_logger(__name__)
 
@@ -115,6 +116,9 @@ class Router:
         self.policies = policies
         self.fleet = Fleet(bus.js, settings.dead_after)
         self.outstanding: dict[str, Outstanding] = {}
+        # Per worker, the finish times (its clock) of results seen since its last heartbeat:
+        # the heartbeat's `queued` still counts them until the next one (see `_loads`).
+        self.finished: dict[str, list[float]] = {}
         self.warm: dict[str, float] = {}  # session -> last dispatch
         self.cancelled = Tombstones()  # cancels of requests not (yet) queued here
         self.newest = NewestSteps()  # agent sessions' newest admitted step, from every router
@@ -226,7 +230,10 @@ class Router:
                 update={"admitted_at": req.admitted_at or now, "priority": admitted.priority,
                         "cache_salt": salt}
             )  # fmt: skip
-            blocks = prefix_blocks(salt, req.messages, req.prompt, req.images)
+            vlm = req.frame_geometry.vlm if req.frame_geometry else DEFAULT_VLM
+            blocks = prefix_blocks(
+                salt, req.messages, req.prompt, req.images, vlm_profile(vlm).patch_px
+            )
             if req.session:
                 await self.sessions.lookup(req.pool, req.tenant, req.session)
             self.queue.push(
@@ -281,7 +288,14 @@ class Router:
         for hb in self.fleet.live(pool):
             if not placement.partitions_of(hb.worker):
                 continue
-            credit = hb.slots * self.s.credit_per_slot - max(count.get(hb.worker, 0), hb.queued)
+            # What the worker holds: what this router sent it and has no answer for, or what
+            # its heartbeat says it holds (others' requests too, redeliveries), less what it
+            # answered after that heartbeat. Without that discount a finished request kept
+            # its credit until the next heartbeat, up to `heartbeat_interval` of idle GPU.
+            done = self.finished.get(hb.worker, [])
+            done[:] = [t for t in done if t > hb.at]
+            held = max(count.get(hb.worker, 0), hb.queued - len(done))
+            credit = hb.slots * self.s.credit_per_slot - held
             loads[hb.worker] = WorkerLoad(
                 hb.worker, hb.slots, tokens.get(hb.worker, 0.0), hb.draining, credit
             )
@@ -408,6 +422,8 @@ class Router:
             result = decode(msg.data, GenerateResult, max_bytes=self.s.max_message_bytes)
         except DecodeError:
             return
+        if result.worker is not None and result.route is not None:
+            self.finished.setdefault(result.worker, []).append(result.route.finished_at)
         out = self.outstanding.pop(result.request_id, None)
         if out is None:
             return

@@ -17,3 +17,8 @@ ANSWER_SECONDS = Histogram(
     "sy_sqlflow_answer_duration_seconds", "Question to answer, by path", ["path"],
     buckets=LATENCY_BUCKETS,
 )  # fmt: skip
+SUMMARY_REPLACED = Counter(
+    "sy_sqlflow_summary_replaced_answers_total",
+    "Answers whose model summary was replaced by the template: it stated a number, date "
+    "or name not among the result's facts",
+)

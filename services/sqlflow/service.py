@@ -107,6 +107,8 @@ async def run_sqlflow(
 
             async def emit(stage: StageName, seconds: float, data: dict[str, Any]) -> None:
                 metrics.STAGE_SECONDS.labels(stage).observe(seconds)
+                if stage == "summary" and data.get("replaced"):
+                    metrics.SUMMARY_REPLACED.inc()
                 if ask.reply:
                     event = StageEvent(tenant=ask.tenant, trace=ask.trace, request_id=ask.id,
                                        stage=stage, seconds=seconds, data=data)  # fmt: skip

@@ -49,6 +49,12 @@ class SqlflowSettings(Settings):
     sql_max_tokens: int = Field(default=200, ge=16, le=4096)
     summary: bool = True
     summary_max_tokens: int = Field(default=60, ge=8, le=1024)
+    # Who writes the summary (SY_SUMMARY_SOURCE). "template": a sentence from the
+    # result's facts, exact and in microseconds; the default, because the CPU model
+    # needs ~7 s for one sentence (longer than the rest of the answer). "model": the
+    # model rephrases it (a GPU model, e.g. Qwen2.5-7B); a rephrasing that states a
+    # number, date or name not among the facts is replaced by the template sentence.
+    summary_source: Literal["template", "model"] = "template"
     # Off: the summary model sees the result's shape and aggregates, never its rows.
     rows_to_model: bool = False
     exact_cache_ttl: float = Field(default=300.0, ge=0)

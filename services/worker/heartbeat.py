@@ -1,6 +1,9 @@
 """Heartbeats to KV `fleet_workers`: the router's view of this worker's health and load.
 
 The bucket's TTL expires a dead worker's entry; the router then moves its partitions.
+A worker that stops (SIGTERM, or its engine died) says so at once (`wake`): a beat
+marked draining, then, once its partitions are let go, a last one without them before
+its entry is deleted, so the router moves them without waiting for the TTL.
 """
 
 from __future__ import annotations
@@ -50,10 +53,14 @@ async def beat(
     engine: Engine,
     state: Callable[[], tuple[list[int], int, bool]],
     stop: asyncio.Event,
+    wake: asyncio.Event | None = None,
 ) -> None:
-    """Put a heartbeat every interval until `stop`, then delete ours (a clean exit)."""
+    """Put a heartbeat every interval, and at once when `wake` is set, until `stop`; then
+    a last one and delete ours (a clean exit)."""
     kv = await js.key_value(WORKERS_BUCKET)
-    while not stop.is_set():
+    wake = wake or asyncio.Event()
+    while True:
+        last = stop.is_set()
         partitions, queued, draining = state()
         try:
             await kv.put(
@@ -61,7 +68,13 @@ async def beat(
             )
         except Exception as exc:  # NATS hiccup: the next beat retries; TTL covers a long outage
             log.warning("worker.heartbeat_failed", error=str(exc))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), settings.heartbeat_interval)
+        if last:
+            break
+        waits = [asyncio.ensure_future(e.wait()) for e in (stop, wake)]
+        await asyncio.wait(waits, timeout=settings.heartbeat_interval,
+                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        for w in waits:
+            w.cancel()
+        wake.clear()
     with contextlib.suppress(Exception):
         await kv.delete(settings.worker_id)

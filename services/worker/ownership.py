@@ -16,13 +16,14 @@ from typing import Any
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from services.worker import metrics
 from services.worker.settings import WorkerSettings
 from switchyard import subjects
 from switchyard.bus.consumer import GiveUp, PullLoop, RetryPolicy
+from switchyard.bus.kvkeys import kv_keys
 from switchyard.bus.topology import ASSIGNMENTS_BUCKET, WORKERS_BUCKET
 from switchyard.codec import decode
 from switchyard.errors import DecodeError
@@ -125,16 +126,15 @@ class Ownership:
         while time.monotonic() < deadline:
             claimed: set[int] = set()
             now = time.time()
-            with contextlib.suppress(NoKeysError):
-                for key in await kv.keys():
-                    if key == self.s.worker_id:
-                        continue
-                    with contextlib.suppress(KeyNotFoundError, DecodeError):
-                        entry = await kv.get(key)
-                        beat = decode(entry.value or b"", WorkerHeartbeat)
-                        fresh = now - beat.at < 3 * self.s.heartbeat_interval
-                        if beat.pool == self.s.pool and fresh:
-                            claimed |= set(beat.partitions) & partitions
+            for key in await kv_keys(self.js, WORKERS_BUCKET):
+                if key == self.s.worker_id:
+                    continue
+                with contextlib.suppress(KeyNotFoundError, DecodeError):
+                    entry = await kv.get(key)
+                    beat = decode(entry.value or b"", WorkerHeartbeat)
+                    fresh = now - beat.at < 3 * self.s.heartbeat_interval
+                    if beat.pool == self.s.pool and fresh:
+                        claimed |= set(beat.partitions) & partitions
             if not claimed:
                 return partitions
             await asyncio.sleep(self.s.heartbeat_interval / 2)

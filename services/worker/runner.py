@@ -16,12 +16,19 @@ answered `stale`, its text withheld, so a phone never acts on a screen that is g
 Nor on part of an action: an agent answer that stopped at `max_tokens`, or is not
 an answer in the step's action format, is answered `error` with code `answer_cut`
 (and counted).
+
+When the engine dies (`EngineDead`: vLLM's engine core is gone), the worker is told
+(`on_engine_dead`, once) and every request it holds or pulls after that is settled
+without the engine: one that has streamed a token to its client is answered `error`
+(code `engine_error`, the engine died mid-answer); any other is handed back
+(`TransientError`: the pull loop naks it) for the worker its partition moves to.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
@@ -32,8 +39,8 @@ from switchyard.agentactions import why_cut
 from switchyard.agentprompt import Geometry, answer_to_original
 from switchyard.answers import answer, result_for, route_of
 from switchyard.bus.tokenstream import TokenStreamWriter
-from switchyard.engines.base import Engine, EngineRequest, ModelsCost
-from switchyard.errors import SwitchyardError
+from switchyard.engines.base import Engine, EngineDead, EngineRequest, ModelsCost
+from switchyard.errors import SwitchyardError, TransientError
 from switchyard.logging import bind_request, get_logger
 from switchyard.messages.agent import ActionFormat
 from switchyard.messages.inference import (
@@ -71,11 +78,16 @@ class Outcome:
 
 
 class Runner:
-    def __init__(self, nc: Client, js: JetStreamContext, engine: Engine, worker_id: str) -> None:
+    def __init__(
+        self, nc: Client, js: JetStreamContext, engine: Engine, worker_id: str,
+        on_engine_dead: Callable[[EngineDead], None] | None = None,
+    ) -> None:  # fmt: skip
         self.nc = nc
         self.js = js
         self.engine = engine
         self.worker_id = worker_id
+        self.on_engine_dead = on_engine_dead
+        self.dead: EngineDead | None = None  # the engine's death, once seen
         self.running: set[str] = set()
         # Agent steps on the engine that have not produced a token yet, per session
         # (tenant, session) -> {request id: step}: every router's notice looks one up.
@@ -154,6 +166,8 @@ class Runner:
         )  # fmt: skip
         if refusal is not None:
             return _refused(refusal, since, now)
+        if self.dead is not None:
+            raise _handed_back(self.dead)
         started = time.time()
         metrics.QUEUE.labels(self.engine.kind).observe(max(0.0, started - since))
         first: float | None = None
@@ -189,6 +203,12 @@ class Runner:
                     cached_tokens=delta.cached_tokens or usage.cached_tokens,
                 )
                 finish = delta.finish_reason or finish
+        except EngineDead as exc:
+            self._engine_died(exc)
+            if first is None or writer is None or not req.stream:
+                raise _handed_back(exc) from exc  # its client has seen nothing yet
+            why = f"the engine died mid-answer ({usage.completion_tokens} tokens): {exc.reason}"
+            return _refused(Refusal("error", "engine_error", why), since, time.time())
         except SwitchyardError as exc:
             log.warning("worker.engine_refused", code=exc.code, reason=exc.reason)
             status: ResultStatus = "expired" if exc.code == "expired" else "error"
@@ -247,11 +267,23 @@ class Runner:
             answer_text = answer_to_original(answer_text, Geometry.of(req.frame_geometry), fmt)
         return Outcome("ok", answer_text, finish, usage, timings, None, started, first)
 
+    def _engine_died(self, exc: EngineDead) -> None:
+        if self.dead is not None:
+            return
+        self.dead = exc
+        if self.on_engine_dead is not None:
+            self.on_engine_dead(exc)
+
     def _modelled(self, request_id: str) -> ModelledTimings | None:
         """The engine's modelled cost of a finished request, if it models one (`sim`)."""
         if not isinstance(self.engine, ModelsCost):
             return None
         return self.engine.modelled_timings(request_id)
+
+
+def _handed_back(dead: EngineDead) -> TransientError:
+    """What a request the dead engine had not begun raises: the pull loop naks it."""
+    return TransientError(f"handed back, the engine died: {dead.reason}", code="engine_error")
 
 
 def _refused(refusal: Refusal, since: float, now: float) -> Outcome:

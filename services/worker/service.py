@@ -1,5 +1,14 @@
 """The worker process: engine, owned partitions, cancels and newer-step notices, heartbeats,
-drain on SIGTERM."""
+drain on SIGTERM.
+
+When its engine dies (`EngineDead`, from any request: vLLM's engine core is gone), the
+worker stops as on SIGTERM, at once: it pulls nothing more on any partition, beats
+`draining` right away so the router sends it nothing and moves its partitions, settles
+what it holds (the runner answers a request that has streamed tokens with an
+`engine_error`, and hands every other back for redelivery), beats a last time without
+partitions, deletes its heartbeat and exits with `ENGINE_DEAD_EXIT` (3), so its
+supervisor (compose's `restart: unless-stopped`, k8s) starts a fresh one.
+"""
 
 from __future__ import annotations
 
@@ -16,18 +25,33 @@ from switchyard import subjects
 from switchyard.answers import answer, result_for
 from switchyard.bus.connection import Bus
 from switchyard.codec import decode
+from switchyard.engines.base import EngineDead
 from switchyard.engines.factory import make_engine
 from switchyard.errors import DecodeError, ErrorCode
 from switchyard.logging import get_logger
 from switchyard.messages.inference import ErrorInfo, GenerateRequest, NewestStep
+from switchyard.service import ServiceExit
 
 log = get_logger(__name__)
+
+# The worker's exit status when its engine died: its supervisor restarts it.
+ENGINE_DEAD_EXIT = 3
 
 
 async def run_worker(bus: Bus, stop: asyncio.Event, settings: WorkerSettings) -> None:
     engine = make_engine(settings.engine, instances=settings.engine_instances)
     await engine.start()
-    runner = Runner(bus.nc, bus.js, engine, settings.worker_id)
+    halt = asyncio.Event()  # SIGTERM, or the engine died: stop pulling, settle, leave
+    wake = asyncio.Event()  # heartbeat now
+    died: list[EngineDead] = []
+
+    def engine_died(exc: EngineDead) -> None:
+        died.append(exc)
+        log.error("worker.engine_dead", cause=exc.reason, on_engine=len(runner.running))
+        halt.set()
+        wake.set()
+
+    runner = Runner(bus.nc, bus.js, engine, settings.worker_id, on_engine_dead=engine_died)
 
     async def on_work(msg: Msg) -> None:
         req = decode(msg.data, GenerateRequest, max_bytes=settings.max_message_bytes)
@@ -56,14 +80,16 @@ async def run_worker(bus: Bus, stop: asyncio.Event, settings: WorkerSettings) ->
     heartbeat = asyncio.create_task(
         beat(
             bus.js, settings, engine,
-            lambda: (ownership.partitions, ownership.inflight(), stop.is_set()),
-            beat_stop,
+            lambda: (ownership.partitions, ownership.inflight(), halt.is_set()),
+            beat_stop, wake,
         )
     )  # fmt: skip
+    signalled = asyncio.create_task(_relay(stop, halt, wake))
     log.info("worker.ready", engine=engine.kind, pool=settings.pool, mode=settings.assignment)
     try:
-        await ownership.run(stop)  # returns after SIGTERM, once in-flight work drained
+        await ownership.run(halt)  # returns once in-flight work is drained (or handed back)
     finally:
+        signalled.cancel()
         beat_stop.set()
         with contextlib.suppress(Exception):
             await heartbeat
@@ -71,3 +97,12 @@ async def run_worker(bus: Bus, stop: asyncio.Event, settings: WorkerSettings) ->
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         await engine.close()
+    if died:
+        raise ServiceExit(ENGINE_DEAD_EXIT, f"the engine died: {died[0].reason}")
+
+
+async def _relay(stop: asyncio.Event, halt: asyncio.Event, wake: asyncio.Event) -> None:
+    """SIGTERM halts the worker too, and says so in a heartbeat at once."""
+    await stop.wait()
+    halt.set()
+    wake.set()

@@ -6,6 +6,12 @@ resized frame it saw; the worker maps the answer back with the geometry the
 preprocessor recorded. The reference is the same prompt sent without that
 geometry: the sim engine decodes greedily from the prompt alone, so that gives
 the model's raw answer, and the served answer must be exactly its mapping.
+
+Every test runs for each VLM profile (`switchyard.vlmgeometry`): a Qwen2.5-VL pool
+(the default) as above, and a Qwen3-VL pool (`SY_AGENT_VLM=qwen3-vl`, its sim worker
+`SY_SIM_VLM=qwen3-vl`), whose frames are resized to 32-px tokens (320x160), whose
+prompt asks for relative coordinates, and whose model answers 0-1000 on each axis:
+the worker maps those by the profile the request records, not by the frame's size.
 """
 
 from __future__ import annotations
@@ -24,17 +30,21 @@ from PIL import Image, ImageDraw
 from services.preprocessor.agent import limits_from, to_generate
 from services.preprocessor.images import PreparedFrame, prepare_frame
 from services.preprocessor.settings import PreprocessorSettings
+from switchyard.agentactions import parse_actions
 from switchyard.agentprompt import Geometry, answer_to_original
 from switchyard.bus.connection import Bus, connect
 from switchyard.config import Settings
 from switchyard.ids import new_id
-from switchyard.messages.agent import AgentStep, RawFrame, StepOptions, parse_answer
+from switchyard.messages.agent import ActionFormat, AgentStep, RawFrame, StepOptions, parse_answer
+from switchyard.vlmgeometry import VLM_NAMES, VlmName
 from tests.integration.test_agent_path import final, send
 from tests.support.edge import agent_fleet_with_edge, write_keys
 from tests.support.fleet import submit
 
 ORIGINAL = (1280, 720)
 MAX_PIXELS = 320 * 180  # the model sees 308x168: a scale of ~4.2 on each side
+# What the model sees of a frame, per profile: whole 28-px or 32-px tokens within MAX_PIXELS.
+SEEN: dict[VlmName, tuple[int, int]] = {"qwen2.5-vl": (308, 168), "qwen3-vl": (320, 160)}
 KEY = "sk-coords"
 TENANT = "coords"
 STEPS = 8  # enough steps that some answers are clicks, long presses or swipes
@@ -46,19 +56,28 @@ class Fleet:
     pool: str
     edge: str
     pre: PreprocessorSettings
+    vlm: VlmName
 
 
-@pytest.fixture(scope="module")
-async def fleet(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet]:
+# One fleet per profile, one at a time: two on the same NATS would share the services'
+# durable consumers, and a step could be prepared for the other profile.
+@pytest.fixture(scope="module", params=VLM_NAMES)
+async def fleet(
+    request: pytest.FixtureRequest, nats_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Fleet]:
+    vlm: VlmName = request.param
     pool = f"co{new_id().lower()[-8:]}"
     keys = write_keys(tmp_path_factory.mktemp("coords") / "keys.yaml", {KEY: {"tenant": TENANT}})
-    pre = PreprocessorSettings(nats_url=nats_url, agent_pool=pool, max_pixels=MAX_PIXELS)
+    pre = PreprocessorSettings(
+        nats_url=nats_url, agent_pool=pool, max_pixels=MAX_PIXELS, agent_vlm=vlm
+    )
     bus = await connect(Settings(nats_url=nats_url), "pytest-agent-coords")
     try:
-        async with agent_fleet_with_edge(nats_url, pool, keys, engine="sim",
-                                         preprocessor={"max_pixels": MAX_PIXELS},
-                                         edge={}) as url:  # fmt: skip
-            yield Fleet(bus, pool, url, pre)
+        async with agent_fleet_with_edge(
+            nats_url, pool, keys, engine="sim", edge={},
+            preprocessor={"max_pixels": MAX_PIXELS, "agent_vlm": vlm}, worker={"sim_vlm": vlm},
+        ) as url:  # fmt: skip
+            yield Fleet(bus, pool, url, pre, vlm)
     finally:
         await bus.close()
 
@@ -77,12 +96,13 @@ def frame(step: int) -> bytes:
     return out.getvalue()
 
 
-def make_step(k: int, session: str) -> AgentStep:
+def make_step(k: int, session: str, fmt: ActionFormat = "json") -> AgentStep:
     return AgentStep(
         tenant=TENANT, session=session, step=k, frame_ts=time.time(), stale_after=120.0,
         frames=[RawFrame(data=frame(k), mime="image/png")], goal="collect the daily reward",
         history=[f"{{\"type\":\"wait\",\"ms\":{100 * j + 1}}}" for j in range(k)],
-        options=StepOptions(max_tokens=48),  # a sim click is ~23 pseudo-tokens: never truncated
+        # A sim click is ~23 pseudo-tokens: never truncated.
+        options=StepOptions(max_tokens=48, action_format=fmt),
     )  # fmt: skip
 
 
@@ -98,29 +118,45 @@ async def raw_answer(f: Fleet, step: AgentStep) -> tuple[str, Geometry]:
     return res.text, Geometry.of(req.frame_geometry)
 
 
-def points(text: str) -> list[tuple[int, int]]:
+def points(text: str, fmt: ActionFormat = "json") -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
-    for a in parse_answer(text):
+    for a in parse_answer(text) if fmt == "json" else parse_actions(text, fmt):
         d = a.model_dump()
         out += [(d[x], d[y]) for x, y in (("x", "y"), ("x1", "y1"), ("x2", "y2")) if x in d]
     return out
 
 
+def by_hand(x: int, y: int, vlm: VlmName) -> tuple[int, int]:
+    """The original pixel a model's point names, spelled out apart from `Geometry`."""
+    (w, h), (sw, sh) = ORIGINAL, SEEN[vlm]
+    if vlm == "qwen3-vl":  # x/1000 of the width
+        return min(w - 1, x * w // 1000), min(h - 1, y * h // 1000)
+    return min(w - 1, int((x + 0.5) * w / sw)), min(h - 1, int((y + 0.5) * h / sh))
+
+
 async def test_nats_answers_are_mapped_to_the_original_frame(fleet: Fleet) -> None:
     session = f"ep-{new_id()[-8:]}"
     seen = changed = 0
+    raw_points: list[tuple[int, int]] = []
     for k in range(STEPS):
-        step = make_step(k, session)
+        fmt: ActionFormat = "compact" if k % 2 else "json"
+        step = make_step(k, session, fmt)
         res = final(await send(fleet.bus, step))
         assert res.status == "ok", res.error
         raw, geometry = await raw_answer(fleet, step)
-        assert (geometry.width, geometry.height) == (308, 168)
-        assert res.text == answer_to_original(raw, geometry)
-        for x, y in points(res.text):
+        # The profile the prompt asked for is recorded with the frame the model saw.
+        assert (geometry.width, geometry.height, geometry.vlm) == (*SEEN[fleet.vlm], fleet.vlm)
+        assert res.text == answer_to_original(raw, geometry, fmt)
+        assert points(res.text, fmt) == [by_hand(x, y, fleet.vlm) for x, y in points(raw, fmt)]
+        for x, y in points(res.text, fmt):
             assert 0 <= x < ORIGINAL[0] and 0 <= y < ORIGINAL[1]
-        seen += len(points(res.text))
+        seen += len(points(res.text, fmt))
         changed += res.text != raw
+        raw_points += points(raw, fmt)
     assert seen > 0 and changed > 0, "no answer carried coordinates; use more steps"
+    if fleet.vlm == "qwen3-vl":  # 0-1000, not pixels of the 320x160 frame the model saw
+        assert all(0 <= x <= 1000 and 0 <= y <= 1000 for x, y in raw_points)
+        assert max(x for x, _ in raw_points) > 320 or max(y for _, y in raw_points) > 160
 
 
 async def test_edge_answers_are_mapped_to_the_original_frame(fleet: Fleet) -> None:
@@ -144,3 +180,13 @@ async def test_edge_answers_are_mapped_to_the_original_frame(fleet: Fleet) -> No
             assert resp.json()["answer"] == expected
             seen += len(points(json.dumps(expected)))
     assert seen > 0, "no answer carried coordinates; use more steps"
+
+
+async def test_the_prompt_states_the_profiles_coordinates(fleet: Fleet) -> None:
+    step = make_step(0, f"ep-{new_id()[-8:]}")
+    prepared = prepare_frame(step.frames[-1].data, limits_from(fleet.pre))
+    assert isinstance(prepared, PreparedFrame)
+    req = to_generate(step, [prepared], fleet.pre)
+    assert req.messages is not None and isinstance(req.messages[0].content, str)
+    relative = "Coordinates are relative, 0-1000" in req.messages[0].content
+    assert relative == (fleet.vlm == "qwen3-vl")

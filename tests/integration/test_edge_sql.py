@@ -132,6 +132,9 @@ async def test_verified_question_answers_with_the_keys_tenant_rows(
     assert not ENVELOPE & out.keys()
     # The key's tenant's data: acme's rows, as the executor returns them for acme.
     assert out["rows"] == await executed_rows(bus, sqlenv, "acme", VERIFIED.sql)
+    # The summary is written from the facts, which come with it (the template by default).
+    assert out["summary_source"] == "template" and out["summary"]
+    assert out["facts"]["row_count"] == len(out["rows"])
 
 
 async def test_streamed_question_is_stages_then_the_answer_then_done(sql_edge: str) -> None:
@@ -148,6 +151,10 @@ async def test_streamed_question_is_stages_then_the_answer_then_done(sql_edge: s
     assert answer["type"] == "answer" and answer["status"] == "ok"
     assert answer["path"] == "verified" and answer["rows"]
     assert answer["request_id"] == r.headers["x-request-id"]
+    [summary] = [s for s in stages if s["stage"] == "summary"]
+    facts = summary["data"]["facts"]
+    assert (facts["kind"], facts["row_count"]) == (answer["facts"]["kind"], len(answer["rows"]))
+    assert summary["data"]["text"] == answer["summary"]
 
 
 async def test_the_body_never_chooses_the_tenant(sql_edge: str, sqlenv: SqlEnv) -> None:

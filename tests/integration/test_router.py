@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -85,10 +86,11 @@ async def fleet(
     workers: int = 1,
     partitions: int = 4,
     dead_after: float = 4.0,
+    heartbeat: float = 0.3,
     **router: object,
 ) -> AsyncIterator[Any]:
-    """Router and `workers` sim workers on `pool`; yields the `Router` once every
-    partition is assigned and bound."""
+    """Router and `workers` sim workers on `pool` (beating every `heartbeat` s); yields the
+    `Router` once every partition is assigned and bound."""
     async with contextlib.AsyncExitStack() as stack:
         running = await stack.enter_async_context(
             router_in_process(
@@ -100,7 +102,7 @@ async def fleet(
             await stack.enter_async_context(
                 worker_in_process(
                     nats_url, pool=pool, engine="sim", assignment="kv",
-                    worker_id=f"{pool}-w{i}", heartbeat_interval=0.3, partitions=partitions,
+                    worker_id=f"{pool}-w{i}", heartbeat_interval=heartbeat, partitions=partitions,
                 )
             )  # fmt: skip
         await wait_for_pool(running.bus.js, pool, workers, partitions)
@@ -421,6 +423,33 @@ async def test_a_flood_of_huge_prompts_does_not_starve_a_light_tenant(
     assert all(r is not None and r.status == "ok" for r in heavy)
     # FIFO would make the light tenant wait behind all 12 heavy requests.
     assert max(busy) <= max(quiet) + service + 0.25
+
+
+async def test_an_answered_request_frees_its_credit_before_the_next_heartbeat(
+    bus: Bus, pool: str, policy_file: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's heartbeat counts what it holds; the next request may go as soon as the
+    router sees the answer, not when the next heartbeat says the worker holds nothing."""
+    monkeypatch.setenv("SY_SIM_MAX_NUM_SEQS", "1")
+    monkeypatch.setenv("SY_SIM_DELAY_SCALE", "1")
+    beat = 2.0
+    long = Sampling(max_tokens=48)  # ~0.6 s of modelled decode each
+    async with fleet(nats_url, pool, policy_file, credit_per_slot=1, heartbeat=beat,
+                     dead_after=10.0):  # fmt: skip
+        # Busy for longer than a beat: some heartbeat is taken while a request runs, and
+        # says `queued=1` until the next one.
+        frames = await asyncio.gather(
+            *(submit(bus, req(pool, "light", session=f"c{i}", sampling=long)) for i in range(5))
+        )
+    results = [final(f).result for f in frames]
+    assert all(r is not None and r.status == "ok" and r.route is not None for r in results)
+    runs = sorted((r.route.started_at, r.route.finished_at) for r in results if r and r.route)
+    busy = runs[-1][1] - runs[0][0]
+    gaps = [nxt[0] - end for (_, end), nxt in itertools.pairwise(runs)]
+    print(f"busy {busy:.2f}s, idle gaps between requests {[round(g, 3) for g in gaps]}")
+    assert busy > beat, "the run must outlast a heartbeat to mean anything"
+    # Waiting on the next heartbeat, one gap would be over beat - 0.6 s = 1.4 s.
+    assert max(gaps) < 0.5
 
 
 async def test_two_backlogged_tenants_get_token_fair_service_on_nats(

@@ -74,13 +74,14 @@ def sim_fleet_in_thread(
 @contextlib.asynccontextmanager
 async def agent_fleet_with_edge(
     nats_url: str, pool: str, keys: Path, *, engine: Engine, preprocessor: dict[str, Any],
-    edge: dict[str, Any],
+    edge: dict[str, Any], worker: dict[str, Any] | None = None,
 ) -> AsyncIterator[str]:  # fmt: skip
     """Router, one worker, preprocessor and edge for a private agent `pool`; yields the
     edge's URL once every partition is bound by the worker and the edge is ready.
-    `preprocessor` and `edge`: settings fields of those two."""
+    `preprocessor` and `edge`: settings fields of those two; `worker`: the worker's
+    (its engine's too, e.g. `sim_vlm`)."""
     spec = FleetSpec(
-        pools=(Pool(pool),), engine=engine, partitions=4,
+        pools=(Pool(pool, env=env_of(**(worker or {}))),), engine=engine, partitions=4,
         service_env={"preprocessor": env_of(agent_pool=pool, chat_pool=pool, frame_procs=0,
                                             **preprocessor)},
         edge=Edge(keys_file=keys, env=env_of(chat_pool=pool, agent_pool=pool, **edge)),

@@ -23,8 +23,10 @@ estimates the offset per session (`services/preprocessor/clock.py`).
 Without `--nats` it starts what it needs: an embedded NATS, the router,
 `workers` worker processes of the chosen engine (with `gpu`, the sim's
 calibration preset, `SY_SIM_GPU`) and the preprocessor laid out as `layout` /
-`window` (`SY_AGENT_LAYOUT`, `SY_AGENT_WINDOW`), each a subprocess as in
-production. With `--nats` those flags must say what the running fleet uses.
+`window` (`SY_AGENT_LAYOUT`, `SY_AGENT_WINDOW`), all for the VLM profile `vlm`
+(`SY_AGENT_VLM` and the sim workers' `SY_SIM_VLM`: its visual-token size and
+coordinates), each a subprocess as in production. With `--nats` those flags
+must say what the running fleet uses.
 
 Reuse efficiency = cached prompt tokens / tokens the step shares (as a
 prefix) with its episode's previous step - what a perfect prefix cache would
@@ -104,6 +106,7 @@ from switchyard.messages.agent import (
     StepOptions,
 )
 from switchyard.messages.inference import Image, Timings
+from switchyard.vlmgeometry import DEFAULT_VLM, VLM_NAMES, VlmName, vlm_profile
 
 READY_TIMEOUT = 180.0  # s: llama.cpp workers load their model on a shared machine
 HISTORY_SENT = 200  # history entries a step carries (the tail: agentprompt numbers them)
@@ -123,6 +126,8 @@ class AgentSimConfig:
     width: int = 1280
     height: int = 720
     max_pixels: int = 1280 * 720  # must match the preprocessor's, for the shared-prefix count
+    # The VLM profile (SY_AGENT_VLM, SY_SIM_VLM): frames are counted in its visual tokens.
+    vlm: VlmName = DEFAULT_VLM
     stale_after: float = 2.0
     # None: what the action format and chunk need (the preprocessor derives it, so no
     # answer is cut); a value asks for at least that many.
@@ -167,6 +172,8 @@ class AgentSimConfig:
             raise AgentSimConfigError("gpu picks a sim calibration: it needs engine sim")
         if not 0 <= self.ramp_steps < self.steps:
             raise AgentSimConfigError(f"ramp_steps is 0..steps-1, got {self.ramp_steps}")
+        if self.vlm not in VLM_NAMES:
+            raise AgentSimConfigError(f"vlm is one of {', '.join(VLM_NAMES)}, got {self.vlm!r}")
 
     @property
     def scale(self) -> float:
@@ -345,8 +352,9 @@ class _PrefixModel:
     """
 
     def __init__(self, cfg: AgentSimConfig, layout: AgentLayout = "pair", window: int = 8) -> None:
-        self.size = fit(cfg.width, cfg.height, cfg.max_pixels)
-        self.sim = SimSettings()
+        self.size = fit(cfg.width, cfg.height, cfg.max_pixels, vlm_profile(cfg.vlm).patch_px)
+        self.sim = SimSettings(vlm=cfg.vlm)
+        self.vlm = cfg.vlm
         self.pool = cfg.frame_pool
         self.layout: AgentLayout = layout
         self.window = window
@@ -354,7 +362,7 @@ class _PrefixModel:
     def tokens(self, step: AgentStep, phone: int) -> list[str]:
         steps = frame_steps(self.layout, step.step, self.window, sent=len(step.frames))
         frames = [self._image(phone, k) for k in steps]
-        messages = build_messages(step, frames, self.layout)
+        messages = build_messages(step, frames, self.layout, self.vlm)
         req = EngineRequest(request_id=step.id, messages=tuple(messages), images=tuple(frames))
         return render_prompt(req, self.sim)
 
@@ -754,12 +762,12 @@ def agent_fleet(cfg: AgentSimConfig) -> Iterator[str]:
         return
     sim: dict[str, str] = {}
     if cfg.engine == "sim":
-        sim = env_of(sim_delay_scale=cfg.delay_scale)
+        sim = env_of(sim_delay_scale=cfg.delay_scale, sim_vlm=cfg.vlm)
         if cfg.gpu is not None:
             sim |= env_of(sim_gpu=cfg.gpu)
     preprocessor = env_of(
         frame_procs=1, max_pixels=cfg.max_pixels, frame_cache=cfg.frame_cache,
-        agent_layout=cfg.layout, agent_window=cfg.window,
+        agent_layout=cfg.layout, agent_window=cfg.window, agent_vlm=cfg.vlm,
     )  # fmt: skip
     spec = FleetSpec(
         pools=(Pool("agent", cfg.workers, sim),), engine=cast(Engine, cfg.engine),

@@ -43,6 +43,12 @@ def agent_sim(
     max_tokens: int | None = typer.Option(
         None, min=8, max=512, help="default: what the action format and chunk need"
     ),
+    vlm: str = typer.Option(
+        "qwen2.5-vl",
+        help="VLM profile qwen2.5-vl|qwen3-vl: visual-token size and answer coordinates "
+        "(the started preprocessor's SY_AGENT_VLM and sim workers' SY_SIM_VLM; with "
+        "--nats, the running fleet's)",
+    ),
     layout: str = typer.Option(
         "pair",
         help="prompt layout pair|single|window (the started preprocessor's; with "
@@ -104,7 +110,10 @@ def agent_sim(
     from switchyard.bench.agentsearch import run_capacity_search
     from switchyard.bench.agentsim import AgentSimConfig, AgentSimConfigError, run_agent_sim
     from switchyard.capacity.calibration import SIM_GPUS
+    from switchyard.vlmgeometry import VLM_NAMES
 
+    if vlm not in VLM_NAMES:
+        raise typer.BadParameter(f"one of {', '.join(VLM_NAMES)}", param_hint="--vlm")
     if layout not in LAYOUTS:
         raise typer.BadParameter(f"one of {', '.join(LAYOUTS)}", param_hint="--layout")
     if action_format not in ACTION_FORMATS:
@@ -122,7 +131,7 @@ def agent_sim(
         cfg = AgentSimConfig(
             phones=phones, steps=steps, engine=engine,
             workers=workers or (8 if sim else 1), width=int(w), height=int(h),
-            max_pixels=max_pixels,
+            max_pixels=max_pixels, vlm=vlm,
             # llama.cpp on a CPU serves one step at a time: a 2 s budget would drop most.
             # A slowed sim clock (delay scale) stretches the wall budget with it.
             stale_after=stale_after or (2.0 * max(scale, 1.0) if sim else 60.0),
@@ -171,7 +180,7 @@ def _print_search(report: CapacityReport) -> None:
     mode = "async" if c.asynchronous else "sync"
     table = Table(
         title=f"agent capacity: {c.workers} {c.engine} workers ({report.calibration or '?'}), "
-        f"{c.width}x{c.height} frames, layout {c.layout}, {c.action_format} answers, "
+        f"{c.width}x{c.height} frames ({c.vlm}), layout {c.layout}, {c.action_format} answers, "
         f"{mode} chunk {c.chunk} x {c.act_ms:g} ms, {c.steps} steps/phone, delay scale "
         f"{c.delay_scale}"
     )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
 
@@ -19,21 +21,45 @@ console = Console()
 bench = typer.Typer(help="Benchmarks, measured side by side in one run (medians).")
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Whatever the run prints goes to stderr, leaving stdout to the JSON: the logs of
+    engines that log to stdout (structlog unconfigured, vLLM) and of the processes they
+    start, which write to file descriptor 1 itself."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 @bench.command("engine")
 def engine_cmd(
     rounds: int = typer.Option(5, min=1, help="measured rounds (plus one warm-up)"),
-    requests: int = typer.Option(4, min=1, help="requests per round, sequential"),
+    requests: int | None = typer.Option(
+        None, min=1, help="requests per round (default: 4, or 2 x --concurrency if more)"
+    ),
+    concurrency: int = typer.Option(1, min=1, help="requests in flight at once on each path"),
     max_tokens: int = typer.Option(64, min=1),
-    engine: str = typer.Option("llamacpp", help="llamacpp or sim"),
+    engine: str = typer.Option("llamacpp", help="llamacpp, vllm or sim"),
     nats_url: str | None = typer.Option(None, "--nats", help="default: an embedded server"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Tokens/s of the raw engine vs. the same requests through a worker over NATS."""
+    """Tokens/s of the raw engine vs. the same requests through a worker over NATS.
+
+    The raw engine runs in this process with the worker's `SY_<ENGINE>_*` settings."""
     from switchyard.bench.engine import run_engine_bench
 
-    result = run_engine_bench(
-        nats_url=nats_url, rounds=rounds, requests=requests, max_tokens=max_tokens, engine=engine
-    )
+    with _stdout_to_stderr() if as_json else contextlib.nullcontext():
+        result = run_engine_bench(
+            nats_url=nats_url, rounds=rounds, requests=requests or max(4, 2 * concurrency),
+            max_tokens=max_tokens, engine=engine, concurrency=concurrency,
+        )  # fmt: skip
     if as_json:
         print(json.dumps(result.as_dict()))
         return
@@ -41,9 +67,12 @@ def engine_cmd(
     table.add_row("raw engine", f"{result.raw_tokens_per_s:.1f}", str(result.raw_rounds))
     table.add_row("worker + NATS", f"{result.fleet_tokens_per_s:.1f}", str(result.fleet_rounds))
     console.print(table)
+    hops = ", ".join(f"{k} {v:.1f}" for k, v in result.fleet_hops_ms.items())
     console.print(
-        f"ratio fleet/raw = {result.ratio:.3f}; "
-        f"overhead {result.fleet_overhead_ms_per_request:.1f} ms per request (median)"
+        f"{result.engine}, concurrency {result.concurrency}: ratio fleet/raw = "
+        f"{result.ratio:.3f}; overhead {result.fleet_overhead_ms_per_request:.1f} ms per "
+        f"request; served hops (ms) {hops}; a raw request {result.raw_request_ms:.1f} ms "
+        "(medians)"
     )
 
 

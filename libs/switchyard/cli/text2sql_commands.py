@@ -50,7 +50,7 @@ def _settings(nats_url: str | None) -> Settings:
 
 
 def _print_stage(event: StageEvent) -> None:
-    brief = {k: v for k, v in event.data.items() if k not in ("plan", "digest", "columns")}
+    brief = {k: v for k, v in event.data.items() if k not in ("plan", "digest", "columns", "facts")}
     text = json.dumps(brief, default=str)
     console.print(f"[dim]{event.seconds * 1000:7.1f} ms[/dim] [cyan]{event.stage:<10}[/cyan] "
                   f"{text[:160]}", highlight=False)  # fmt: skip
@@ -71,6 +71,8 @@ def _print_answer(answer: SqlAnswer) -> None:
             console.print(f"[dim]... {len(answer.rows) - 30} more rows[/dim]")
     if answer.summary:
         console.print(answer.summary, highlight=False, markup=False)
+        if answer.summary_source:
+            console.print(f"[dim](summary: {answer.summary_source})[/dim]")
     if answer.clarification:
         console.print(answer.clarification.question)
         for i, option in enumerate(answer.clarification.options, 1):
@@ -259,7 +261,7 @@ def register(sql: typer.Typer) -> None:
             return
         options = FlowOptions(
             semantic_cache=semantic_cache, semantic_threshold=semantic_threshold,
-            scope=scope, summary=False,  # type: ignore[arg-type]
+            scope=scope, summary_source="template",  # type: ignore[arg-type]
         )  # fmt: skip
 
         async def run() -> Any:
@@ -279,7 +281,8 @@ def register(sql: typer.Typer) -> None:
         if report_json:
             rows = [{"id": o.item.id, "correct": o.correct, "path": o.prediction.path,
                      "sql": o.prediction.sql, "error": o.prediction.error,
-                     "gold_error": o.gold_error, "seconds": round(o.prediction.seconds, 3)}
+                     "gold_error": o.gold_error, "seconds": round(o.prediction.seconds, 3),
+                     "summary": o.prediction.summary, "ungrounded": o.ungrounded}
                     for o in report.outcomes]  # fmt: skip
             report_json.write_text(json.dumps(rows, indent=1))
 

@@ -35,6 +35,13 @@ class EngineError(SwitchyardError):
     code: ErrorCode = "engine_error"
 
 
+class EngineDead(EngineError):
+    """The engine itself is gone (vLLM's EngineCore died): no request will run on it again.
+
+    The worker stops taking work, hands back what has not begun, answers what has with
+    this error, and exits non-zero so its supervisor restarts it."""
+
+
 @dataclass(frozen=True)
 class EngineRequest:
     request_id: str

@@ -82,6 +82,7 @@ from switchyard.engines.sim_output import CONSTRAINED_PLACEHOLDER, SimOutput, pl
 from switchyard.engines.sim_tokens import pseudo_tokens, render_prompt
 from switchyard.logging import get_logger
 from switchyard.messages.inference import FinishReason, ModelledTimings
+from switchyard.vlmgeometry import DEFAULT_VLM, VlmName, vlm_profile
 
 # Re-exported: tests and tools import these from here.
 __all__ = [
@@ -182,8 +183,13 @@ class SimSettings(SectionSettings):
     )
     delay_scale: float = Field(default=1.0, ge=0, description="wall s per modelled s; 0 = instant")
     tokens_per_image: int = Field(default=256, ge=1, description="when an image has no size")
-    image_patch_px: int = Field(default=28, ge=1, description="px per visual token side (Qwen-VL)")
-    image_min_pixels: int = Field(default=4 * 28 * 28, ge=1)
+    # The VLM simulated (`switchyard.vlmgeometry`; the pool's SY_AGENT_VLM): its visual
+    # token size and minimum pixels are the defaults of the next two, and its coordinate
+    # convention is how agent answers are written.
+    vlm: VlmName = Field(default=DEFAULT_VLM, description="qwen2.5-vl or qwen3-vl")
+    image_patch_px: int = Field(default=28, ge=1, description="px per visual token side (vlm)")
+    image_min_pixels: int = Field(default=4 * 28 * 28, ge=1, description="small frames up to (vlm)")
+    # What `VllmSettings.max_pixels` passes to vLLM, whatever the model.
     image_max_pixels: int = Field(default=1280 * 28 * 28, ge=1)
     seed: int = Field(default=0, ge=0)
     timings_history: int = Field(default=4096, ge=0, description="finished requests to remember")
@@ -200,7 +206,9 @@ class SimSettings(SectionSettings):
             figures = sim_calibration(gpu).settings()
         except CapacityInputError as e:
             raise ValueError(str(e)) from None
-        return {**figures, **data, "gpu": gpu}
+        vlm = vlm_profile(str(data.get("vlm", DEFAULT_VLM)))
+        frames = {"image_patch_px": vlm.patch_px, "image_min_pixels": vlm.default_min_pixels}
+        return {**figures, **frames, **data, "gpu": gpu}
 
     @model_validator(mode="after")
     def _budget_fits_the_batch(self) -> SimSettings:
@@ -454,7 +462,7 @@ class SimEngine:
                 f"context window of {s.max_model_len}",
                 code="context_length",
             )
-        output = plan_output(request, self._rng_for(request, tokens))
+        output = plan_output(request, self._rng_for(request, tokens), vlm_profile(s.vlm).coords)
         total_blocks = -(-(len(tokens) + len(output.pieces)) // s.block_size)
         if total_blocks > self._cache.num_blocks:
             raise EngineError(

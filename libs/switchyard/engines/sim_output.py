@@ -9,8 +9,10 @@ request asked for, because that is what callers and load tests observe:
 - a choice: one of the choices, drawn from the request's generator (so the same
   prompt picks the same one, as greedy decoding would);
 - an agent step's actions (`ActionsConstraint`): `sim_answer`, exactly `chunk`
-  actions of a game-like mix within the current frame, written in the step's
-  format (`agentactions.encode_answer`), so it parses and maps like a model's;
+  actions of a game-like mix within the current frame, in the coordinates of
+  the simulated VLM (`SimSettings.vlm`: resized-frame pixels or 0-1000) and
+  written in the step's format (`agentactions.encode_answer`), so it parses
+  and maps like a model's;
 - a grammar or regex: `CONSTRAINED_PLACEHOLDER`, a fixed text the simulator
   cannot make match (it cannot sample from an arbitrary GBNF grammar or regex;
   its token count is what matters for timing, and callers must not validate it);
@@ -51,6 +53,7 @@ from switchyard.messages.inference import (
     JsonSchemaConstraint,
     RegexConstraint,
 )
+from switchyard.vlmgeometry import RELATIVE_SCALE, Coords
 
 # What grammar- and regex-constrained requests get: the simulator cannot sample
 # from an arbitrary GBNF grammar or regex, so it answers this fixed text (its
@@ -66,8 +69,9 @@ class SimOutput:
     finish: FinishReason
 
 
-def plan_output(request: EngineRequest, rng: random.Random) -> SimOutput:
-    """The whole output of `request`, drawn from `rng` (see the module docstring)."""
+def plan_output(request: EngineRequest, rng: random.Random, coords: Coords = "pixels") -> SimOutput:
+    """The whole output of `request`, drawn from `rng` (see the module docstring); agent
+    answers write points in `coords`."""
     max_tokens = request.sampling.max_tokens
     c = request.constraint
     if isinstance(c, JsonSchemaConstraint):
@@ -77,7 +81,7 @@ def plan_output(request: EngineRequest, rng: random.Random) -> SimOutput:
     elif isinstance(c, ChoiceConstraint):
         text = rng.choice(c.choices)
     elif isinstance(c, ActionsConstraint):
-        text = sim_answer(c, request, rng)
+        text = sim_answer(c, request, rng, coords)
     elif isinstance(c, GrammarConstraint | RegexConstraint):
         text = CONSTRAINED_PLACEHOLDER
     else:
@@ -138,12 +142,17 @@ def sim_action(kind: str, width: int, height: int, rng: random.Random) -> Action
     return Back() if kind == "back" else Done()
 
 
-def sim_answer(c: ActionsConstraint, request: EngineRequest, rng: random.Random) -> str:
+def sim_answer(
+    c: ActionsConstraint, request: EngineRequest, rng: random.Random, coords: Coords = "pixels"
+) -> str:
     """A valid answer for an agent step: `c.chunk` actions (a model asked for a chunk
-    fills it) within the current frame (the request's last image), a short thought when
-    one is allowed, in `c.action_format`."""
+    fills it) within the current frame (the request's last image; with `relative-1000`
+    coordinates, 0-1000 on each axis whatever its size), a short thought when one is
+    allowed, in `c.action_format`."""
     last = request.images[-1] if request.images else None
     width, height = (last.width, last.height) if last is not None else DEFAULT_FRAME
+    if coords == "relative-1000":
+        width = height = RELATIVE_SCALE + 1  # 1000 itself is a point a model may name
     kinds = rng.choices(ACTION_KINDS, ACTION_WEIGHTS, k=c.chunk)
     actions = tuple(sim_action(k, width, height, rng) for k in kinds)
     thought = None

@@ -14,7 +14,8 @@ real model's. This module holds the three pieces that provide them:
   compact tokens; `tests/unit/test_agent_actions_tokens.py` holds it within
   20 %), and on English prompts within a few per cent.
 - `image_tokens`: the visual tokens of one frame, counted the way Qwen-VL does
-  (one token per `image_patch_px` square, pixels clamped to a min and max) and
+  (one token per `image_patch_px` square - the simulated VLM's, `SimSettings.vlm`
+  - pixels clamped to a min and max) and
   derived from the frame's content hash, so a repeated frame is a repeated
   prefix.
 - `render_prompt`: a request's messages (or raw prompt) and images laid out in

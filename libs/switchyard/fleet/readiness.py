@@ -33,9 +33,10 @@ import nats.errors
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from switchyard.bus.kvkeys import kv_keys
 from switchyard.bus.topology import ASSIGNMENTS_BUCKET, WORKERS_BUCKET
 from switchyard.codec import decode
 from switchyard.errors import DecodeError
@@ -88,15 +89,14 @@ async def wait_for_pools(
     passes the time it began, so a dead worker's entry, until its TTL expires, is not
     taken for a live one; 0 (any beat) suits a pool private to one test.
     """
-    workers = await js.key_value(WORKERS_BUCKET)
     assignments = await js.key_value(ASSIGNMENTS_BUCKET)
     known = {w for pool in pools for w in pool.worker_ids}
-    # Every worker known by name: ask for each, list nothing (see `fresh_heartbeats`).
+    # Every worker known by name: ask for each, list nothing.
     only_known = all(len(pool.worker_ids) >= pool.workers for pool in pools)
     deadline = time.monotonic() + timeout
     while True:
         check()
-        beats = await fresh_heartbeats(workers, since, known, only_known=only_known)
+        beats = await fresh_heartbeats(js, since, known, only_known=only_known)
         states, missing = [], []
         for pool in pools:
             state, why = await _pool_state(pool, beats, assignments)
@@ -117,11 +117,10 @@ async def wait_for_heartbeat(
 ) -> WorkerHeartbeat:  # fmt: skip
     """Until `worker` heartbeats (its engine started, its serving loop running); `since`
     as for `wait_for_pools`."""
-    kv = await js.key_value(WORKERS_BUCKET)
     deadline = time.monotonic() + timeout
     while True:
         check()
-        beat = (await fresh_heartbeats(kv, since, {worker}, only_known=True)).get(worker)
+        beat = (await fresh_heartbeats(js, since, {worker}, only_known=True)).get(worker)
         if beat is not None:
             return beat
         if time.monotonic() > deadline:
@@ -130,19 +129,17 @@ async def wait_for_heartbeat(
 
 
 async def fresh_heartbeats(
-    kv: KeyValue, since: float, known: Iterable[str] = (), *, only_known: bool = False
+    js: JetStreamContext, since: float, known: Iterable[str] = (), *, only_known: bool = False
 ) -> dict[str, WorkerHeartbeat]:
     """Workers whose latest beat was written at or after `since` and that are not draining.
 
-    Listing the keys goes through a watch that can end before an entry being rewritten
-    shows up, so the workers we expect by name are asked for directly too. With
-    `only_known`, nothing is listed: each listing creates a consumer on the bucket's
-    stream, and a tight poll would pile them up to the server's consumer limit.
+    The workers we expect by name are asked for directly; the others are listed from the
+    bucket's stream (`kv_keys`), unless `only_known`.
     """
+    kv = await js.key_value(WORKERS_BUCKET)
     keys: set[str] = set()
     if not only_known:
-        with contextlib.suppress(NoKeysError):
-            keys = set(await kv.keys())
+        keys = set(await kv_keys(js, WORKERS_BUCKET))
     beats: dict[str, WorkerHeartbeat] = {}
     for key in keys | set(known):
         with contextlib.suppress(KeyNotFoundError, DecodeError):

@@ -19,6 +19,7 @@ from switchyard.envelope import (
 )
 from switchyard.errors import ErrorCode
 from switchyard.messages.agent import MAX_CHUNK, ActionFormat
+from switchyard.vlmgeometry import DEFAULT_VLM, VlmName
 
 Workload = Literal["agent", "sql", "llm"]
 # A client clock further off than a day is broken, not skewed: offsets are clamped to it.
@@ -136,16 +137,20 @@ class ChatRequest(Envelope):
 
 
 class FrameGeometry(Model):
-    """An agent step's current frame: its original size and the size the model saw.
+    """An agent step's current frame: its original size, the size the model saw, and the
+    VLM profile the prompt was laid out for.
 
     The preprocessor records it so the worker can map the answer's coordinates
-    (resized space, what the model sees) back to the phone's pixels.
+    (what the model writes: resized-frame pixels or 0-1000, per `vlm`;
+    `switchyard.vlmgeometry`) back to the phone's pixels without guessing.
     """
 
     orig_width: int = Field(ge=1, le=16384)
     orig_height: int = Field(ge=1, le=16384)
     width: int = Field(ge=1, le=16384)
     height: int = Field(ge=1, le=16384)
+    # Absent in messages from before profiles: those were all Qwen2.5-VL's pixels.
+    vlm: VlmName = DEFAULT_VLM
 
 
 class GenerateRequest(Envelope):

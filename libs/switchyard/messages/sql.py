@@ -138,6 +138,53 @@ class Clarification(Model):
     options: Annotated[list[Text], Field(max_length=8)] = []
 
 
+Number = int | float
+
+
+class FactPoint(Model):
+    """One labelled figure: a column's value, or a series point (label = its date)."""
+
+    label: ShortText
+    value: Number | None
+
+
+class FactShare(Model):
+    """One group of a breakdown: its value and, when a total makes sense, its share (%)."""
+
+    label: ShortText
+    value: Number
+    share: float | None = None
+
+
+class ResultFacts(Model):
+    """What a result says, computed from its rows without a model
+    (switchyard.text2sql.facts): the summary is written from these, and only these.
+
+    `value`: one row (`values`, one per column); `series`: a date-like label column and
+    a numeric `measure` (`first`, `last`, `low`, `high`, `change`, `change_pct`);
+    `breakdown`: a text label column and one numeric `measure` (`top`, `total`, `others`);
+    `table`: any other shape (`row_count`, `columns`); `empty`: no rows.
+    Figures cover the rows returned: `truncated` says there were more."""
+
+    kind: Literal["value", "series", "breakdown", "table", "empty"]
+    row_count: int = Field(ge=0)
+    truncated: bool = False
+    columns: Annotated[list[ShortText], Field(max_length=512)] = []
+    measure: ShortText | None = None
+    label: ShortText | None = None  # the series' date column, the breakdown's label column
+    decimals: int = Field(default=0, ge=0, le=6)  # how the measure's numbers are written
+    values: Annotated[list[FactPoint], Field(max_length=16)] = []
+    first: FactPoint | None = None
+    last: FactPoint | None = None
+    low: FactPoint | None = None
+    high: FactPoint | None = None
+    change: Number | None = None
+    change_pct: float | None = None
+    top: Annotated[list[FactShare], Field(max_length=16)] = []
+    total: Number | None = None
+    others: int = Field(default=0, ge=0)  # groups after `top`
+
+
 class SqlAnswer(Envelope):
     """The outcome of one question, on `res.sql.<tenant>` and last on the reply inbox."""
 
@@ -152,6 +199,9 @@ class SqlAnswer(Envelope):
     rows: Annotated[list[list[Cell]], Field(max_length=100_000)] = []
     truncated: bool = False
     summary: Text | None = None
+    # template: written from `facts`; model: the model's rephrasing, checked against them.
+    summary_source: Literal["template", "model"] | None = None
+    facts: ResultFacts | None = None
     chart: dict[str, Any] | None = None  # Vega-Lite; data, never code
     clarification: Clarification | None = None
     attempts: int = Field(default=0, ge=0, le=2)  # generation attempts (retry = 2)

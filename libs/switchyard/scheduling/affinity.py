@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from switchyard.agentprompt import visual_tokens
+from switchyard.agentprompt import PATCH_PX, visual_tokens
 from switchyard.messages.inference import ChatMessage, Image, TextPart
 from switchyard.token_estimate import FRAMING_TOKENS, estimate_text_tokens
 
@@ -87,11 +87,12 @@ class Block:
 
 def prefix_blocks(
     salt: str, messages: Sequence[ChatMessage] | None, prompt: str | None,
-    images: Sequence[Image] = (),
+    images: Sequence[Image] = (), patch: int = PATCH_PX,
 ) -> list[Block]:  # fmt: skip
     """The prompt's leading blocks as chained hashes, rooted in `salt` (the tenant's cache
-    group) so two tenants' identical prompts never share a prefix here either."""
-    sizes = {im.hash: visual_tokens(im.width, im.height) for im in images}
+    group) so two tenants' identical prompts never share a prefix here either. Images
+    weigh their visual tokens of `patch` px (the request's VLM profile)."""
+    sizes = {im.hash: visual_tokens(im.width, im.height, patch) for im in images}
     blocks: list[Block] = []
     digest = hashlib.blake2b(salt.encode(), digest_size=16).digest()
     tokens = turns = 0

@@ -145,7 +145,7 @@ def _lookup(scope: Scope, qualifier: str) -> tuple[exp.Expr, exp.Table | Scope] 
     return None
 
 
-def _output_names(source: Scope) -> set[str] | None:
+def output_names(source: Scope) -> set[str] | None:
     """Column names a derived table or CTE exposes; None when a star hides them."""
     if source.outer_columns:
         return {c.lower() for c in source.outer_columns}
@@ -230,7 +230,7 @@ def _check_unqualified(name: str, node: exp.Expr, scope: Scope, ctx: Context) ->
     for s in _chain(scope):
         for _, source in s.selected_sources.values():
             if isinstance(source, Scope):
-                names = _output_names(source)
+                names = output_names(source)
                 resolvable = resolvable or names is None or lowered in names
                 continue
             allowed = ctx.real_tables.get(id(source))

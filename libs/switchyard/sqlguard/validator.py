@@ -2,7 +2,9 @@
 
 Steps: raw-text checks and tokens (`prescan`), a MySQL parse (the dialect is
 always explicit), exactly one statement whose root is a query, the allowlist
-walk (`treecheck`), tables and columns scope by scope (`scopecheck`), the
+walk (`treecheck`), select aliases in GROUP BY/HAVING/ORDER BY replaced by their
+expressions where MySQL would resolve them so (`aliases`), tables and columns scope by
+scope (`scopecheck`), the
 outer LIMIT (`limits`), then the canonical SQL regenerated without comments,
 every identifier quoted, and re-parsed to make sure it means itself. Any
 exception on the way, including `RecursionError`, is a rejection.
@@ -20,6 +22,7 @@ from sqlglot.errors import ErrorLevel, OptimizeError, ParseError, TokenError, Un
 
 from switchyard.logging import get_logger
 from switchyard.sqlguard import rules
+from switchyard.sqlguard.aliases import resolve_aliases
 from switchyard.sqlguard.limits import apply_limit
 from switchyard.sqlguard.policy import Policy
 from switchyard.sqlguard.prescan import tokenize
@@ -108,6 +111,7 @@ def _validate(
     check_depth(root, policy.max_depth)
     check_tree(root, policy)
     _drop_dual(root)
+    resolve_aliases(root, policy, database)
     ctx = Context(policy, policy.database or database, allow_any_table)
     tables = check_tables_and_columns(root, ctx)
     action = apply_limit(root, policy)

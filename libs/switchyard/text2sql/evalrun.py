@@ -87,7 +87,7 @@ async def evaluate(
                 return Prediction(
                     sql=got.sql, result=result, path=got.path,
                     error=got.error.reason if got.error else None,
-                    seconds=time.perf_counter() - started,
+                    seconds=time.perf_counter() - started, summary=got.summary, facts=got.facts,
                 )  # fmt: skip
 
             gold = _gold_runner(guard, tenant, database)

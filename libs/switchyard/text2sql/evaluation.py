@@ -9,6 +9,10 @@ aliases or join order) and nothing that merely looks similar.
 The harness never hides a broken gold statement: an item whose gold fails to run is
 counted wrong and carries `gold_error`, so a bad evaluation set shows up as such
 instead of as a silently easier one.
+
+Every answer's summary is checked against the facts it was written from
+(`facts.ungrounded`): the report counts the summaries that state a number, date or
+name absent from them, which should be none.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from switchyard.messages.sql import ResultFacts
 from switchyard.sqldb.cells import Cell
+from switchyard.text2sql.facts import ungrounded
 from switchyard.text2sql.normalise import normalise_question
 
 if TYPE_CHECKING:
@@ -264,6 +270,8 @@ class Prediction:
     path: str  # verified, metric, generated, semantic_cache, clarify, error, ...
     error: str | None = None
     seconds: float = 0.0
+    summary: str | None = None
+    facts: ResultFacts | None = None
 
 
 @dataclass
@@ -272,6 +280,15 @@ class ItemOutcome:
     prediction: Prediction
     correct: bool
     gold_error: str | None
+    # What the summary states that its facts (and the question) do not: should be empty.
+    ungrounded: list[str] = field(default_factory=list)
+
+
+def summary_check(item: EvalItem, pred: Prediction) -> list[str]:
+    """The numbers, dates and names the summary states that are absent from its facts."""
+    if not pred.summary or pred.facts is None:
+        return []
+    return ungrounded(pred.summary, pred.facts, item.question)
 
 
 Tally = tuple[int, int]  # (correct, n)
@@ -285,6 +302,15 @@ class EvalReport:
     by_category: dict[str, Tally] = field(default_factory=dict)
     by_path: dict[str, Tally] = field(default_factory=dict)
     by_tag: dict[str, Tally] = field(default_factory=dict)
+
+    @property
+    def summaries(self) -> int:
+        """Answers that carry a summary and the facts it was written from."""
+        return sum(1 for o in self.outcomes if o.prediction.summary and o.prediction.facts)
+
+    @property
+    def ungrounded_summaries(self) -> list[ItemOutcome]:
+        return [o for o in self.outcomes if o.ungrounded]
 
     @property
     def gold_errors(self) -> list[ItemOutcome]:
@@ -342,7 +368,8 @@ async def run_evaluation(
                 ):
                     matched = True
             gold_error = "; ".join(errors) if errors else None
-            return ItemOutcome(item, pred, matched and gold_error is None, gold_error)
+            return ItemOutcome(item, pred, matched and gold_error is None, gold_error,
+                               summary_check(item, pred))  # fmt: skip
 
     outcomes = list(await asyncio.gather(*(one(item) for item in items)))
     correct = sum(o.correct for o in outcomes)
@@ -412,6 +439,20 @@ def render_report(report: EvalReport) -> Group:
     ]
     if report.by_tag:
         parts.append(_tally_table("by tag", "tag", report.by_tag))
+    parts.append(
+        Text(
+            f"summaries stating a number, date or name absent from their facts: "
+            f"{len(report.ungrounded_summaries)} of {report.summaries}",
+            style="bold red" if report.ungrounded_summaries else "bold",
+        )
+    )
+    if report.ungrounded_summaries:
+        stray = Table(title="ungrounded summaries", title_justify="left")
+        for name in ("item", "summary", "absent from the facts"):
+            stray.add_column(name)
+        for o in report.ungrounded_summaries:
+            stray.add_row(o.item.id, o.prediction.summary or "", ", ".join(o.ungrounded))
+        parts.append(stray)
     if report.gold_errors:
         broken = Table(title="gold statements that failed", title_justify="left")
         broken.add_column("item")

@@ -12,7 +12,9 @@
    executor; on a refusal exactly one retry that carries what is new (the rule,
    the plan, the real columns, the values that exist); a second refusal asks the
    asker a multiple-choice question instead of spending more tokens;
-8. summary (rows stay away from the model unless allowed) and a chart spec.
+8. the result's facts (deterministic), the summary written from them (a template
+   sentence; a model's rephrasing only when configured, and only if it states nothing
+   the facts do not), and a chart spec. Rows stay away from the model unless allowed.
 
 The orchestrator never holds database credentials or the signing key: SQL from
 any path, verified or generated, goes through the same validator and executor.
@@ -38,6 +40,7 @@ from switchyard.messages.sql import (
     AnswerPath,
     Clarification,
     ExecuteReply,
+    ResultFacts,
     SqlAnswer,
     SqlAsk,
     StageName,
@@ -48,6 +51,7 @@ from switchyard.sqlguard.policy import Policy, PolicyStore
 from switchyard.text2sql import metric_match, prompts
 from switchyard.text2sql.caches import TtlCache
 from switchyard.text2sql.chart import chart_for
+from switchyard.text2sql.facts import facts_text, result_facts, template_summary, ungrounded
 from switchyard.text2sql.fleet import Completion, FleetModel
 from switchyard.text2sql.grammar import DEFAULT_JOIN_KEYS, select_grammar
 from switchyard.text2sql.guard import GuardClient
@@ -60,6 +64,8 @@ from switchyard.token_estimate import CHARS_PER_TOKEN, estimate_text_tokens
 log = get_logger(__name__)
 
 Emit = Callable[[StageName, float, dict[str, Any]], Awaitable[None]]
+# A small model may echo the prompt's labels before its sentence.
+_LABEL = re.compile(r"^(?:(?:draft|answer|summary|sentence|result)\s*:\s*)+", re.IGNORECASE)
 # The retry's new information (columns, values) is capped to this many tokens.
 RETRY_INFO_TOKENS = 250
 
@@ -80,6 +86,9 @@ class FlowOptions:
     sql_max_tokens: int = 200
     summary: bool = True
     summary_max_tokens: int = 60
+    # "template": the summary is written from the result's facts (microseconds, exact);
+    # "model": the model rephrases that sentence, checked against the facts.
+    summary_source: Literal["template", "model"] = "template"
     rows_to_model: bool = False
     exact_cache_ttl: float = 300.0
     result_cache_ttl: float = 60.0
@@ -292,7 +301,7 @@ class Pipeline:
         if run.intent in prompts.NO_SQL_INTENTS:
             text = ("That is not something the game data can answer. Ask about players, "
                     "activity, retention, revenue, payers, servers or events.")  # fmt: skip
-            return run.answer(status="ok", path="no_sql", summary=text)
+            return run.answer(status="ok", path="no_sql", summary=text, summary_source="template")
         views, schema, conventions, examples = await self._scope(run)
         first = prompts.sql_messages(ask.question, schema, conventions, examples)
         return await self._attempts(run, first, views, path="generated")
@@ -478,29 +487,57 @@ class Pipeline:
         rows, verdict = attempt.rows, attempt.verdict
         if rows is None or verdict is None:
             raise SwitchyardError("only an attempt that passed the walls is finished")
-        summary = None
+        facts = result_facts(rows.columns, rows.rows, rows.truncated)
+        summary, source = None, None
         if self.options.summary:
-            t = time.perf_counter()
-            digest = prompts.result_digest(rows.columns, rows.rows,
-                                           include_rows=self.options.rows_to_model)  # fmt: skip
-            try:
-                done = await self.model.complete(
-                    run.ask.tenant, prompts.summary_messages(run.ask.question, digest),
-                    max_tokens=self.options.summary_max_tokens, deadline=run.ask.deadline,
-                    trace=run.ask.trace,
-                )  # fmt: skip
-                summary = done.text.strip()
-            except SwitchyardError as exc:  # the rows are the answer; a summary is a courtesy
-                log.warning("sqlflow.summary_failed", error=str(exc))
-            await run.stage("summary", time.perf_counter() - t, text=summary, digest=digest)
+            summary, source = await self._summary(run, facts, rows)
         t = time.perf_counter()
         chart = chart_for(rows.columns, rows.rows)
         await run.stage("chart", time.perf_counter() - t, mark=chart.get("mark") if chart else None)
         return run.answer(
             status="ok", path=path, sql=verdict.canonical_sql, columns=rows.columns,
-            rows=rows.rows, truncated=rows.truncated, summary=summary, chart=chart,
-            attempts=attempts, reference=reference,
+            rows=rows.rows, truncated=rows.truncated, summary=summary, summary_source=source,
+            facts=facts, chart=chart, attempts=attempts, reference=reference,
         )  # fmt: skip
+
+    async def _summary(
+        self, run: Run, facts: ResultFacts, rows: ExecuteReply
+    ) -> tuple[str, Literal["template", "model"]]:
+        """The template sentence; with `summary_source="model"`, the model's rephrasing of
+        it instead, unless that states a number, date or name the facts do not (then the
+        template, and the stage says `replaced`), was cut by the token limit, or the call
+        failed."""
+        t = time.perf_counter()
+        question = run.ask.question
+        template = template_summary(facts, question)
+        if self.options.summary_source == "template":
+            await run.stage("summary", time.perf_counter() - t, text=template, source="template",
+                            facts=facts.model_dump(mode="json", exclude_defaults=True))  # fmt: skip
+            return template, "template"
+        digest = (prompts.result_digest(rows.columns, rows.rows, include_rows=True)
+                  if self.options.rows_to_model else None)  # fmt: skip
+        said: str | None = None
+        try:
+            done = await self.model.complete(
+                run.ask.tenant, prompts.summary_messages(question, template, facts_text(facts),
+                                                         digest),
+                max_tokens=self.options.summary_max_tokens, deadline=run.ask.deadline,
+                trace=run.ask.trace,
+            )  # fmt: skip
+            # A sentence cut by the token limit is no sentence; an echoed label is no answer.
+            cut = done.result.finish_reason == "length"
+            said = None if cut else _LABEL.sub("", done.text.strip()).strip() or None
+        except SwitchyardError as exc:  # the rows are the answer; a summary is a courtesy
+            log.warning("sqlflow.summary_failed", error=str(exc))
+        stray = ungrounded(said, facts, question) if said else []
+        source: Literal["template", "model"] = "model" if said and not stray else "template"
+        text = said if said and source == "model" else template
+        if stray:
+            log.info("sqlflow.summary_replaced", ungrounded=stray[:8], said=said)
+        await run.stage("summary", time.perf_counter() - t, text=text, source=source,
+                        model_said=said, replaced=bool(stray), ungrounded=stray[:8],
+                        facts=facts.model_dump(mode="json", exclude_defaults=True))  # fmt: skip
+        return text, source
 
     async def audit(self, answer: SqlAnswer) -> None:
         """One audit event per question, whatever the path: what was asked, what ran."""
@@ -527,7 +564,8 @@ def _error_answer(ask: SqlAsk, exc: SwitchyardError) -> SqlAnswer:
 
 
 def _reuse(cached: SqlAnswer) -> dict[str, Any]:
-    keep = ("status", "sql", "columns", "rows", "truncated", "summary", "chart", "reference")
+    keep = ("status", "sql", "columns", "rows", "truncated", "summary", "summary_source",
+            "facts", "chart", "reference")  # fmt: skip
     return {k: getattr(cached, k) for k in keep}
 
 

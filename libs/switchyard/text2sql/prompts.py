@@ -124,12 +124,19 @@ def result_digest(
     return head + ("\n" + "\n".join(parts) if parts else "")
 
 
-def summary_messages(question: str, digest: str) -> list[ChatMessage]:
-    system = "Answer the question in one short sentence from the query result described."
-    return [
-        ChatMessage(role="system", content=system),
-        ChatMessage(role="user", content=f"Question: {question}\nResult: {digest}"),
-    ]
+def summary_messages(
+    question: str, template: str, facts: str, rows: str | None = None
+) -> list[ChatMessage]:
+    """Rephrase the template sentence as the answer to the question, from the facts
+    only: the reply is checked, and replaced by the template if it states anything else."""
+    system = (
+        "Rewrite the draft as one short, plain sentence that answers the question. "
+        "Use only the numbers, dates and names in the draft and the facts; add none."
+    )
+    body = f"Question: {question}\nFacts: {facts}\nDraft: {template}"
+    if rows:
+        body += f"\nResult: {rows}"
+    return [ChatMessage(role="system", content=system), ChatMessage(role="user", content=body)]
 
 
 def _number(cell: Cell) -> float | None:

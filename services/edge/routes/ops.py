@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.edge.state import State
 from switchyard.bus.connection import Bus
+from switchyard.bus.kvkeys import kv_keys
 from switchyard.bus.topology import WORKERS_BUCKET
 from switchyard.codec import decode
 from switchyard.messages.fleet import WorkerHeartbeat
@@ -48,8 +49,8 @@ async def readiness(bus: Bus, pool: str) -> dict[str, Any]:
             await bus.js.stream_info(name)
         checks["streams"] = True
         kv = await bus.js.key_value(WORKERS_BUCKET)
-        with contextlib.suppress(Exception):  # NoKeysError: no worker yet
-            for worker in await kv.keys():
+        with contextlib.suppress(Exception):
+            for worker in await kv_keys(bus.js, WORKERS_BUCKET):
                 with contextlib.suppress(Exception):
                     entry = await kv.get(worker)
                     if entry.value:

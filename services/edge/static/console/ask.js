@@ -12,7 +12,7 @@ let lastAnswer = null;
 let lastQuestion = ""; // the answer body does not repeat the question
 
 function reset() {
-  for (const id of ["rejection", "error", "clarification", "result", "summary", "chart", "final-sql"]) $(id).hidden = true;
+  for (const id of ["rejection", "error", "clarification", "result", "summary", "facts", "chart", "final-sql"]) $(id).hidden = true;
   $("stages").replaceChildren();
   $("rejection").replaceChildren();
   $("error").replaceChildren();
@@ -97,6 +97,22 @@ function fillTable(columns, rows, truncated) {
   more();
 }
 
+// The result's facts (computed from the rows, no model): what the summary may state.
+function factLines(f) {
+  if (!f) return [];
+  const point = (p) => (p ? `${p.value ?? "NULL"} on ${p.label}` : "");
+  const lines = [`${f.kind}: ${f.row_count} row${f.row_count === 1 ? "" : "s"}${f.truncated ? " (truncated)" : ""}`];
+  for (const v of f.values || []) lines.push(`${v.label} = ${v.value ?? "NULL"}`);
+  if (f.kind === "series") {
+    lines.push(`${f.measure}: first ${point(f.first)}, last ${point(f.last)}` +
+      (f.change != null ? `, change ${f.change}${f.change_pct != null ? ` (${f.change_pct}%)` : ""}` : ""));
+    lines.push(`high ${point(f.high)}, low ${point(f.low)}`);
+  }
+  for (const s of f.top || []) lines.push(`${s.label}: ${s.value}${s.share != null ? ` (${s.share}%)` : ""}`);
+  if (f.total != null) lines.push(`total ${f.measure}: ${f.total}`);
+  return lines;
+}
+
 function onAnswer(answer) {
   lastAnswer = answer;
   setStatus(`${answer.status} · ${answer.path} · ${answer.duration.toFixed(2)} s`);
@@ -106,7 +122,13 @@ function onAnswer(answer) {
   $("result").hidden = false;
   if (answer.summary) {
     $("summary").textContent = answer.summary;
+    $("summary").title = answer.summary_source === "model" ? "rephrased by the model, checked against the facts" : "written from the facts";
     $("summary").hidden = false;
+  }
+  const facts = factLines(answer.facts);
+  if (facts.length) {
+    $("facts").replaceChildren(...facts.map((line) => el("li", {}, line)));
+    $("facts").hidden = false;
   }
   if (answer.sql) {
     $("final-sql").textContent = answer.sql;

@@ -78,7 +78,8 @@ function body(stage, d) {
     case "clarify":
       return el("p", {}, d.question || "", d.failure ? ` (${d.failure})` : "");
     case "summary":
-      return el("p", {}, d.text || "(no summary)");
+      return el("p", {}, d.text || "(no summary)", d.source ? el("span", { class: "muted" },
+        d.replaced ? " (template: the model's sentence stated what the facts do not)" : ` (${d.source})`) : "");
     case "chart":
       return el("p", {}, d.mark ? `${d.mark} chart` : "no chart for this shape");
     default:
