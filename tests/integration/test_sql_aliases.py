@@ -34,6 +34,9 @@ PARITY = [
     # the same name as alias and column in HAVING: the column (grouped) wins
     "SELECT level AS lvl, level + 0 AS level, COUNT(*) AS n FROM players GROUP BY level "
     "HAVING level > 10 ORDER BY lvl",
+    # an aggregate named like its column (as the demo tenant's verified queries do)
+    "SELECT channel, SUM(minutes) AS minutes FROM daily_activity GROUP BY channel "
+    "ORDER BY minutes DESC",
     # nested: the alias belongs to the derived table's own GROUP BY
     "SELECT d, n FROM (SELECT day AS d, COUNT(*) AS n FROM daily_activity GROUP BY d) x "
     "WHERE n > 0 ORDER BY d",
@@ -71,6 +74,7 @@ def test_the_canonical_sql_returns_the_originals_rows(
 ) -> None:
     verdict = validate(sql, policy)
     assert verdict.ok and verdict.sql, verdict
+    assert validate(verdict.sql, policy).sql == verdict.sql, "the executor re-validates it"
     conn = sqlenv.tenant_conn(TENANT)
     try:
         schema = sqlenv.schema(TENANT)

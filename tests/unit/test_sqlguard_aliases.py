@@ -22,6 +22,8 @@ OPEN = Policy(database="t_acme", tables={"t_acme.players": "*"})
 def canonical(sql: str, policy: Policy) -> str:
     verdict = validate(sql, policy)
     assert verdict.ok and verdict.sql is not None, verdict
+    # The executor validates the canonical SQL again: it must come back unchanged.
+    assert validate(verdict.sql, policy).sql == verdict.sql
     return verdict.sql.removesuffix(" LIMIT 1000")
 
 
@@ -115,3 +117,20 @@ def test_a_union_orders_by_its_own_output_names() -> None:
 def test_a_qualified_name_is_never_an_alias() -> None:
     sql = "SELECT DATE(p.registered_on) AS country FROM players p GROUP BY p.country"
     assert canonical(sql, EXACT).endswith("GROUP BY `p`.`country`")
+
+
+def test_an_aggregate_named_like_its_column_is_rewritten_once() -> None:
+    """A verified query of the demo tenant: `SUM(new_players) AS new_players ... ORDER BY
+    new_players`. Inside an aggregate, `new_players` is the column, never the alias."""
+    sql = (
+        "SELECT country, SUM(level) AS level FROM players GROUP BY country "
+        "HAVING SUM(level) > 3 ORDER BY level DESC"
+    )
+    assert canonical(sql, EXACT).endswith(
+        "GROUP BY `country` HAVING SUM(`level`) > 3 ORDER BY SUM(`level`) DESC"
+    )
+
+
+def test_a_name_inside_an_order_by_expression_is_left_as_written() -> None:
+    sql = "SELECT country AS c FROM players ORDER BY CONCAT(c, '!')"
+    assert canonical(sql, EXACT).endswith("ORDER BY CONCAT(`c`, '!')")

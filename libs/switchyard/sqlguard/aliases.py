@@ -28,8 +28,11 @@ query's favour:
 - a derived table or CTE: its output names; a `*` in it hides them, so the name is left
   for the column checks to judge.
 
-A name inside a subquery of those clauses belongs to that subquery's own scope, and a
-window's ORDER BY (`OVER (ORDER BY ...)`) never sees select aliases: neither is touched.
+In GROUP BY and ORDER BY only a whole item is an alias reference (`ORDER BY n`, not
+`ORDER BY n + 1`); in HAVING any name outside an aggregate's argument. A name inside a
+subquery of those clauses belongs to that subquery's own scope, and a window's ORDER BY
+(`OVER (ORDER BY ...)`) never sees select aliases: neither is touched. So validating
+the canonical SQL again changes nothing (the executor does exactly that).
 """
 
 from __future__ import annotations
@@ -59,26 +62,55 @@ def resolve_aliases(root: exp.Expr, policy: Policy, database: str | None) -> Non
             node = select.args.get(clause)
             if node is None:
                 continue
-            for column in _alias_references(node, aliases):
+            for column in _alias_references(clause, node, aliases):
                 name = column.name.lower()
                 if clause != "order" and _source_may_have(scope, name, policy, database):
+                    continue
+                if clause == "order" and _names_an_alias(aliases[name], aliases):
+                    # `a AS x, a + 0 AS a ... ORDER BY x`: `ORDER BY a` would be taken
+                    # for the other alias. ORDER BY resolves `x` to its alias anyway.
                     continue
                 column.replace(aliases[name].copy())
 
 
-def _alias_references(clause: exp.Expr, aliases: dict[str, exp.Expr]) -> list[exp.Column]:
-    """Unqualified columns of `clause` named like an alias, outside subqueries and windows."""
-    found = []
-    for node in walk_in_scope(clause):
-        if (
-            isinstance(node, exp.Column)
-            and not node.table
-            and isinstance(node.this, exp.Identifier)
-            and node.name.lower() in aliases
-            and node.find_ancestor(exp.Window) is None
-        ):
-            found.append(node)
-    return found
+def _alias_references(
+    clause: str, node: exp.Expr, aliases: dict[str, exp.Expr]
+) -> list[exp.Column]:
+    """The columns of `clause` that may name a select alias.
+
+    GROUP BY and ORDER BY: a whole item (`ORDER BY n`), the form MySQL documents; a
+    name inside an expression there is left as written, for the column checks to judge.
+    HAVING: any unqualified name, except inside an aggregate's argument, which is
+    evaluated over the rows (`SUM(n)` sums the column). Never inside a subquery (its
+    own scope) or a window (`OVER (ORDER BY n)` sees no select alias). These rules also
+    make the rewrite idempotent: the expression put in place of `n` is never taken for
+    `n` again when the canonical SQL is validated once more.
+    """
+    if clause == "having":
+        candidates = [
+            c for c in walk_in_scope(node)
+            if isinstance(c, exp.Column)
+            and c.find_ancestor(exp.AggFunc, exp.Window, exp.Having) is node
+        ]  # fmt: skip
+    else:
+        items = node.expressions
+        candidates = [i.this if isinstance(i, exp.Ordered) else i for i in items]
+    return [
+        c
+        for c in candidates
+        if isinstance(c, exp.Column)
+        and not c.table
+        and isinstance(c.this, exp.Identifier)
+        and c.name.lower() in aliases
+    ]
+
+
+def _names_an_alias(expression: exp.Expr, aliases: dict[str, exp.Expr]) -> bool:
+    return (
+        isinstance(expression, exp.Column)
+        and not expression.table
+        and expression.name.lower() in aliases
+    )
 
 
 def _source_may_have(scope: Scope, name: str, policy: Policy, database: str | None) -> bool:
