@@ -39,15 +39,17 @@ def test_the_suite_is_big_and_covers_every_category() -> None:
 )
 def test_attack_is_rejected(attack: Attack) -> None:
     policy: Policy = STRICT if attack.strict else POLICY
-    started = time.perf_counter()
+    # CPU time of this thread: what the validator itself spent, whatever else the (shared,
+    # noisy) machine does meanwhile; a blow-up on a hostile input shows all the same.
+    started = time.thread_time()
     verdict = validate(render(attack), policy)
-    elapsed = time.perf_counter() - started
+    elapsed = time.thread_time() - started
     assert not verdict.ok, f"accepted: {verdict.sql}"
     assert verdict.sql is None
     assert verdict.rule and verdict.detail
     if attack.expect:
         assert verdict.rule.startswith(attack.expect), (verdict.rule, verdict.detail)
-    assert elapsed < 1.0, f"took {elapsed:.2f}s"
+    assert elapsed < 1.0, f"took {elapsed:.2f} CPU s"
 
 
 @pytest.mark.parametrize(
