@@ -20,7 +20,7 @@ from switchyard import subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
-from switchyard.bus.topology import TopologySettings
+from switchyard.bus.topology import WORKERS_BUCKET, TopologySettings
 from switchyard.fleet import ProcessGroup, provision
 from switchyard.fleet.inproc import running
 from switchyard.fleet.processes import Child
@@ -63,7 +63,8 @@ async def wait_for_pool(
 
 async def heartbeat(js: JetStreamContext, worker: str) -> WorkerHeartbeat | None:
     """`worker`'s latest heartbeat (what it runs and holds), if it has a live one."""
-    beats = await fresh_heartbeats(js, 0.0, (worker,), only_known=True)
+    kv = await js.key_value(WORKERS_BUCKET)
+    beats = await fresh_heartbeats(js, kv, 0.0, (worker,), only_known=True)
     return beats.get(worker)
 
 

@@ -89,6 +89,7 @@ async def wait_for_pools(
     passes the time it began, so a dead worker's entry, until its TTL expires, is not
     taken for a live one; 0 (any beat) suits a pool private to one test.
     """
+    workers = await js.key_value(WORKERS_BUCKET)
     assignments = await js.key_value(ASSIGNMENTS_BUCKET)
     known = {w for pool in pools for w in pool.worker_ids}
     # Every worker known by name: ask for each, list nothing.
@@ -96,7 +97,7 @@ async def wait_for_pools(
     deadline = time.monotonic() + timeout
     while True:
         check()
-        beats = await fresh_heartbeats(js, since, known, only_known=only_known)
+        beats = await fresh_heartbeats(js, workers, since, known, only_known=only_known)
         states, missing = [], []
         for pool in pools:
             state, why = await _pool_state(pool, beats, assignments)
@@ -117,10 +118,11 @@ async def wait_for_heartbeat(
 ) -> WorkerHeartbeat:  # fmt: skip
     """Until `worker` heartbeats (its engine started, its serving loop running); `since`
     as for `wait_for_pools`."""
+    kv = await js.key_value(WORKERS_BUCKET)
     deadline = time.monotonic() + timeout
     while True:
         check()
-        beat = (await fresh_heartbeats(js, since, {worker}, only_known=True)).get(worker)
+        beat = (await fresh_heartbeats(js, kv, since, {worker}, only_known=True)).get(worker)
         if beat is not None:
             return beat
         if time.monotonic() > deadline:
@@ -129,14 +131,15 @@ async def wait_for_heartbeat(
 
 
 async def fresh_heartbeats(
-    js: JetStreamContext, since: float, known: Iterable[str] = (), *, only_known: bool = False
-) -> dict[str, WorkerHeartbeat]:
-    """Workers whose latest beat was written at or after `since` and that are not draining.
+    js: JetStreamContext, kv: KeyValue, since: float, known: Iterable[str] = (), *,
+    only_known: bool = False,
+) -> dict[str, WorkerHeartbeat]:  # fmt: skip
+    """Workers whose latest beat in `kv` (the opened WORKERS_BUCKET) was written at or
+    after `since` and that are not draining.
 
     The workers we expect by name are asked for directly; the others are listed from the
     bucket's stream (`kv_keys`), unless `only_known`.
     """
-    kv = await js.key_value(WORKERS_BUCKET)
     keys: set[str] = set()
     if not only_known:
         keys = set(await kv_keys(js, WORKERS_BUCKET))
