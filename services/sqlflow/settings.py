@@ -12,6 +12,8 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from switchyard.config import Settings
+from switchyard.text2sql.grammar import GRAMMAR_VIEWS, MAX_GRAMMAR_VIEWS
+from switchyard.text2sql.matching import SEMANTIC_THRESHOLD, VERIFIED_THRESHOLD
 from switchyard.text2sql.pipeline import FlowOptions
 
 
@@ -35,16 +37,20 @@ class SqlflowSettings(Settings):
     drain_timeout: float = Field(default=30.0, gt=0)
 
     # --- the pipeline (see switchyard.text2sql.pipeline) ---
-    verified_threshold: float = Field(default=0.90, gt=0, le=1)
-    metric_threshold: float = Field(default=0.45, gt=0, le=1)
+    # Cosines a stored question needs, besides the same specifics (text2sql.matching).
+    verified_threshold: float = Field(default=VERIFIED_THRESHOLD, gt=0, le=1)
     semantic_cache: bool = False
-    semantic_threshold: float = Field(default=0.95, gt=0, le=1)
+    semantic_threshold: float = Field(default=SEMANTIC_THRESHOLD, gt=0, le=1)
+    # Off (SY_GENERATION=false): only verified queries and metrics answer; any other
+    # question gets the nearest of them offered back, and no model writes SQL.
+    generation: bool = True
     # "auto": the whole schema when it fits `context_budget_tokens`, retrieval otherwise.
     scope: Literal["auto", "full", "retrieval"] = "auto"
     context_budget_tokens: int = Field(default=1200, ge=64)
     retrieval_views: int = Field(default=4, ge=1, le=64)
-    # The generation grammar covers the best-ranked views only (its size grows fast).
-    grammar_views: int = Field(default=3, ge=1, le=16)
+    # The most views the generation grammar covers: those the question needs
+    # (switchyard.text2sql.grammar.choose_views); its size grows with their joins.
+    grammar_views: int = Field(default=GRAMMAR_VIEWS, ge=1, le=MAX_GRAMMAR_VIEWS)
     few_shots: int = Field(default=2, ge=0, le=16)
     sql_max_tokens: int = Field(default=200, ge=16, le=4096)
     summary: bool = True

@@ -1,4 +1,4 @@
-"""The knowledge index on real Qdrant (embedded, on disk) with the real MiniLM embedder.
+"""The knowledge index on real Qdrant (embedded, on disk) with the real multilingual-e5 embedder.
 
 The property that matters most: a search for one tenant never returns another
 tenant's items, even when both hold near-identical items and the query is the
@@ -190,3 +190,42 @@ def test_survives_reopen_and_rejects_bad_arguments(embedder: Embedder, tmp_path:
         assert ix.search("acme", "x", kinds=[]) == []
     finally:
         ix.close()
+
+
+class _OtherModel(Embedder):
+    """The real embedder under another model's name: what an index built by an earlier
+    model (all-MiniLM-L6-v2, before multilingual-e5) looks like to this one."""
+
+    name = "an-earlier-model"
+
+
+def test_vectors_of_another_model_are_re_embedded_and_never_compared(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    path = tmp_path / "index"
+    old = KnowledgeIndex(_OtherModel(), path=path)
+    assert old.sync(ACME) == 8
+    old.add("acme", "answer", "acme-q1", "who are the whales", {"sql": "SELECT 5"})
+    old.close()
+    index = KnowledgeIndex(embedder, path=path)
+    try:
+        # The old model's answer-cache item is no hit for the new one...
+        assert index.search("acme", "who are the whales", kinds=["answer"]) == []
+        # ... and a sync of the same knowledge version re-embeds every synced item.
+        assert index.sync(ACME) == 8
+        assert index.sync(ACME) == 0
+        hits = index.search("acme", "daily active users yesterday", kinds=ALL, limit=50)
+        assert hits and all(h.payload["embedder"] == embedder.name for h in hits)
+    finally:
+        index.close()
+
+
+def test_chinese_questions_find_their_english_twins(index: KnowledgeIndex) -> None:
+    index.sync(ACME)
+    for asked, ref in (
+        ("昨天的日活跃用户", "vq-acme-001"),
+        ("最近七天的新注册用户", "vq-acme-002"),
+        ("这个月的总收入", "vq-acme-003"),
+    ):
+        [top] = index.search("acme", asked, kinds=["verified"], limit=1)
+        assert top.ref == ref, (asked, top)

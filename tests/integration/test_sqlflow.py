@@ -96,6 +96,44 @@ async def test_verified_metric_and_free_questions(
         assert free.sql and schemas_in(free.sql) == {sqlenv.schema("acme")}
 
 
+async def test_chinese_questions_take_the_english_verified_and_metric_paths(
+    bus: Bus, nats_url: str, sqlenv: SqlEnv, tmp_path: Path, unique: str
+) -> None:
+    """The Chinese twin of a verified question and of a metric's question are answered
+    by them, with the rows the English question gets; with generation off, a question
+    neither answers is offered the nearest of them, and no model is asked anything."""
+    acme = STORE.load("acme")
+    registered = next(q for q in acme.verified if q.id == "vq-acme-001")
+    dau = acme.metric("dau")
+    assert dau is not None
+    requests: list[Msg] = []
+
+    async def seen(msg: Msg) -> None:
+        requests.append(msg)
+
+    sub = await bus.nc.subscribe(subjects.req("sql", "acme"), cb=seen)
+    try:
+        async with text2sql_fleet(bus, nats_url, sqlenv, tmp_path / "index", unique,
+                                  generation=False):  # fmt: skip
+            _, twin = await ask_question(bus, "acme", "昨天有多少玩家注册？")
+            _, metric = await ask_question(bus, "acme", "最近5天每天的日活是多少")
+            _, mixed = await ask_question(bus, "acme", "过去5天每天的DAU")
+            _, other = await ask_question(bus, "acme", "哪些玩家的昵称以a开头？")
+            english = (await executed(bus, sqlenv, "acme", registered.sql)).rows
+            expected = (await executed(bus, sqlenv, "acme", dau.render(days=5))).rows
+    finally:
+        await sub.unsubscribe()
+    assert (twin.status, twin.path, twin.reference) == ("ok", "verified", registered.id), twin
+    assert twin.rows == english
+    for answer in (metric, mixed):
+        assert (answer.status, answer.path, answer.reference) == ("ok", "metric", "dau"), answer
+        assert answer.rows == expected
+    assert (other.status, other.path) == ("clarify", "clarify"), other
+    assert other.error and "generation is off" in other.error.reason
+    assert other.clarification and len(other.clarification.options) >= 2
+    assert requests == []
+
+
 async def test_one_retry_with_new_information_then_a_clarification(
     bus: Bus, nats_url: str, sqlenv: SqlEnv, tmp_path: Path, unique: str
 ) -> None:

@@ -132,6 +132,14 @@ def test_stray_numbers_dates_and_names_are_caught() -> None:
     rows: list[list[Any]] = [["US", 12345], ["DE", 6000]]
     shares = result_facts(["country", "revenue"], rows)
     assert ungrounded("Revenue is led by US, then Japan.", shares, "") == ["Japan"]
+    servers = result_facts(["name", "dau"], [["ACME-S2", 838], ["ACME-S4", 820], ["ACME-S8", 808]])
+    said = template_summary(servers)
+    assert "then ACME-S4" in said and ungrounded(said, servers) == [], said
+    assert ungrounded("Led by ACME-S2, then ACME-S9.", servers) == ["ACME-S9"]
+
+
+# Capitalised hyphenated labels too: the demo's servers are ACME-S1..S8.
+LABELS = ["US", "DE", "organic", "Paid Ads", "eu-west", "ACME-S4", "CN-East"]
 
 
 def test_every_template_sentence_is_grounded_in_its_own_facts() -> None:
@@ -139,7 +147,7 @@ def test_every_template_sentence_is_grounded_in_its_own_facts() -> None:
     makers: dict[str, Callable[[], Any]] = {
         "int": lambda: rnd.randint(-5, 10**7),
         "float": lambda: round(rnd.uniform(-100, 10**5), rnd.randint(0, 4)),
-        "str": lambda: rnd.choice(["US", "DE", "organic", "Paid Ads", "eu-west"]),
+        "str": lambda: rnd.choice(LABELS),
         "date": lambda: f"2026-{rnd.randint(1, 12):02d}-{rnd.randint(1, 28):02d}",
         "datetime": lambda: f"2026-11-{rnd.randint(1, 28):02d}T{rnd.randint(0, 23):02d}:00:00",
     }

@@ -7,10 +7,15 @@ import pytest
 from switchyard.text2sql import metric_match
 from switchyard.text2sql.caches import TtlCache
 from switchyard.text2sql.chart import chart_for
-from switchyard.text2sql.knowledge import Metric
-from switchyard.text2sql.matching import same_specifics
+from switchyard.text2sql.knowledge import KnowledgeStore, Metric, TenantKnowledge
+from switchyard.text2sql.matching import VERIFIED_THRESHOLD, reusable, same_specifics
 from switchyard.text2sql.prompts import Failure, result_digest, retry_messages, sql_messages
 from switchyard.text2sql.timeframe import days_in
+from switchyard.text2sql.vocabulary import Vocabulary
+from tests.conftest import REPO
+
+# The shipped game-ops vocabulary (metrics.yaml and terms.yaml), as acme reads it.
+PACK = Vocabulary.of(KnowledgeStore(REPO / "deploy" / "knowledge").load("acme"))
 
 
 def test_chart_line_for_a_time_series() -> None:
@@ -109,14 +114,38 @@ def test_retry_prompt_carries_what_is_new() -> None:
         ("What was DAU over the last 5 days?", "What was DAU yesterday?", False),
         ("What was the DAU yesterday", "What was DAU yesterday?", True),
         ("Top 10 spenders over the past week", "Who were the top 10 spenders in the last 7 days?",
-         False),  # "7" is named by one only: not provably the same question
+         True),  # "last week" is the last 7 days (semantics.md)
+        ("Top 5 spenders over the past week", "Who were the top 10 spenders in the last 7 days?",
+         False),
         ("revenue by region last 7 days", "What was revenue by region over the last 30 days?",
          False),
-        ("top 5 levels by completion", "Which 5 levels have the lowest completion rate?", True),
+        ("top 5 levels by completion", "Which 5 levels have the lowest completion rate?",
+         False),  # the top and the lowest are not the same 5
+        ("Which 5 levels have the worst completion rate?",
+         "Which 5 levels have the lowest completion rate?", True),
+        # Chinese against English: the same measure, window and numbers.
+        ("昨天的日活是多少？", "What was DAU yesterday?", True),
+        ("昨天有多少玩家注册？", "How many players registered yesterday?", True),
+        ("昨天的日活是多少？", "昨天有多少玩家注册？", False),  # e5 cosine 0.89
+        ("过去7天的总收入是多少美元？", "What was total revenue in dollars over the last 7 days?",
+         True),
+        ("最近7天消费最多的前10名玩家是谁？", "Who were the top 10 spenders in the last 7 days?",
+         True),
+        ("最近7天消费最多的前5名玩家是谁？", "Who were the top 10 spenders in the last 7 days?",
+         False),
+        ("What is D7 retention by channel for the last 30 mature cohorts?",
+         "What is D1 retention by channel for the last 30 mature cohorts?", False),  # cos 0.96
     ],
 )  # fmt: skip
 def test_reuse_needs_the_same_specifics(question: str, stored: str, same: bool) -> None:
-    assert same_specifics(question, stored) is same
+    assert same_specifics(question, stored, PACK) is same
+
+
+def test_questions_naming_nothing_are_reused_only_as_near_repeats() -> None:
+    asked = "count every player we have ever had"
+    assert reusable(asked, asked.upper(), 0.99, VERIFIED_THRESHOLD, PACK)
+    assert not reusable(asked, "count every player we ever lost", 0.9, VERIFIED_THRESHOLD, PACK)
+    assert not reusable("DAU yesterday", "DAU yesterday", 0.5, VERIFIED_THRESHOLD, PACK)
 
 
 DAU = Metric(
@@ -149,7 +178,31 @@ NEW = Metric(name="new_players", description="New players per day.", synonyms=["
     ],
 )
 def test_metric_answers_only_its_own_shape(question: str, taken: bool) -> None:
-    assert metric_match.answers(question, DAU, [DAU, TOP, NEW]) is taken
+    knowledge = TenantKnowledge(tenant="t", pack="p", views=[], semantics="",
+                                metrics=[DAU, TOP, NEW], verified=[])  # fmt: skip
+    assert metric_match.answers(question, DAU, Vocabulary.of(knowledge)) is taken
+
+
+@pytest.mark.parametrize(
+    ("question", "metric"),
+    [
+        ("最近7天每天的日活", "dau"),
+        ("过去两周日活趋势", "dau"),
+        ("DAU 每天的变化，最近14天", "dau"),
+        ("最近7天每天的新增玩家", "new_players"),
+        ("过去30天每日流水", "revenue_daily"),
+        ("近7天每天的付费人数", "paying_users"),
+        ("最近7天每日付费用户人均收入", "arppu"),  # not also ARPU's 人均收入
+        ("昨天的日活是多少", None),  # one number, not the series
+        ("最近7天平均日活", None),  # a reduction
+        ("最近7天各渠道每天的日活", None),  # a breakdown DAU lacks
+        ("今年每天的日活", None),  # a period no day count expresses
+    ],
+)
+def test_chinese_questions_name_the_packs_metrics(question: str, metric: str | None) -> None:
+    knowledge = KnowledgeStore(REPO / "deploy" / "knowledge").load("acme")
+    taken = [m.name for m in knowledge.metrics if metric_match.answers(question, m, PACK)]
+    assert taken == ([metric] if metric else [])
 
 
 def test_metric_parameters_from_the_question() -> None:

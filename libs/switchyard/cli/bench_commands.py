@@ -241,6 +241,39 @@ def sql_exec_cmd(
     )
 
 
+@bench.command("sql-grammar")
+def sql_grammar_cmd(
+    rounds: int = typer.Option(3, min=1, help="builds, mask passes and generations each"),
+    engine: bool = typer.Option(True, "--engine/--no-engine", help="also decode (llama.cpp)"),
+    max_tokens: int = typer.Option(120, min=8, help="of each generated statement"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Text2SQL grammar: bytes and build time by views; mask cost and tokens/s by case."""
+    from switchyard.bench.sqlgrammar import run_grammar_bench
+
+    with _stdout_to_stderr() if as_json else contextlib.nullcontext():
+        result = run_grammar_bench(rounds, engine=engine, max_tokens=max_tokens)
+    if as_json:
+        print(json.dumps(result.as_dict()))
+        return
+    sizes = Table("views", "bytes (largest)", "build ms", "its views")
+    for s in result.sizes:
+        sizes.add_row(str(s.views), str(s.grammar_bytes), f"{s.build_ms:.2f}", " ".join(s.worst))
+    console.print(sizes)
+    cases = Table("case", "bytes", "mask ms/token", "max", "floor", "tokens/s", "no grammar")
+    for d in result.decoding:
+        speed = "-" if d.tokens_per_s is None else f"{d.tokens_per_s:.1f}"
+        free = (
+            "-" if d.unconstrained_tokens_per_s is None else f"{d.unconstrained_tokens_per_s:.1f}"
+        )
+        cases.add_row(d.case, str(d.grammar_bytes), f"{d.mask_ms:.1f}", f"{d.mask_max_ms:.1f}",
+                      f"{d.floor_ms:.1f}", speed, free)  # fmt: skip
+    console.print(cases)
+    for d in result.decoding:
+        if d.generated is not None:
+            console.print(f"{d.case}: {d.generated}")
+
+
 @bench.command("load")
 def load_cmd(
     target: str = typer.Option("nats", help="nats (publish on *.in.<tenant>) or edge (HTTP)"),

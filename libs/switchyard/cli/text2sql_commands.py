@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,7 +19,7 @@ from rich.table import Table
 from switchyard.cli.bus_commands import NatsUrl, cli_connect
 from switchyard.config import Settings
 from switchyard.messages.sql import AuditEvent, SqlAnswer, SqlAsk, StageEvent
-from switchyard.text2sql.matching import SEMANTIC_THRESHOLD
+from switchyard.text2sql.matching import SEMANTIC_THRESHOLD, VERIFIED_THRESHOLD
 
 console = Console()
 err = Console(stderr=True)
@@ -222,6 +223,10 @@ def register(sql: typer.Typer) -> None:
             "evals/sql/game-ops.yaml"
         ),
         limit: Annotated[int, typer.Option(help="only the first N items (0 = all)")] = 0,
+        sample: Annotated[
+            int, typer.Option(help="only N items drawn at random (seeded by --seed; 0 = all)")
+        ] = 0,
+        seed: Annotated[int, typer.Option(help="the seed of --sample")] = 0,
         tag: Annotated[str | None, typer.Option(help="only items with this tag")] = None,
         semantic_cache: Annotated[
             bool, typer.Option(help="run with the semantic cache on (its hits are scored)")
@@ -232,6 +237,16 @@ def register(sql: typer.Typer) -> None:
         semantic_threshold: Annotated[
             float, typer.Option(help="cosine a semantic-cache hit needs")
         ] = SEMANTIC_THRESHOLD,
+        verified_probe: Annotated[
+            bool, typer.Option(help="measure the verified-query match's hits and misses only")
+        ] = False,
+        verified_threshold: Annotated[
+            float, typer.Option(help="cosine a verified-query match needs")
+        ] = VERIFIED_THRESHOLD,
+        lang: Annotated[str | None, typer.Option(help="only items in this language")] = None,
+        generation: Annotated[
+            bool, typer.Option(help="let the model write SQL (off: verified and metrics only)")
+        ] = True,
         scope: Annotated[str, typer.Option(help="auto | full | retrieval")] = "auto",
         pool: Annotated[str, typer.Option(help="the fleet pool for model calls")] = "sql",
         knowledge_dir: KnowledgeDir = None,
@@ -244,7 +259,9 @@ def register(sql: typer.Typer) -> None:
         """Execution accuracy of the pipeline on an evaluation set, with its Wilson interval.
 
         `--semantic-probe` instead measures the semantic cache's false-hit rate: each item
-        asked against a cache of the earlier items' gold SQL (no model involved)."""
+        asked against a cache of the earlier items' gold SQL (no model involved).
+        `--verified-probe` measures the verified-query match the same way: hits, false
+        hits and the reachable items it missed."""
         from switchyard.text2sql.evalrun import evaluate as run_eval
         from switchyard.text2sql.evaluation import EvalSet, render_report
         from switchyard.text2sql.pipeline import FlowOptions
@@ -252,16 +269,25 @@ def register(sql: typer.Typer) -> None:
         items = EvalSet.load(eval_set).items
         if tag:
             items = [i for i in items if tag in i.tags]
+        if lang:
+            items = [i for i in items if i.lang == lang]
+        if sample and sample < len(items):
+            # Seeded, and kept in file order: the same command draws the same items.
+            keep = set(random.Random(seed).sample(range(len(items)), sample))
+            items = [item for i, item in enumerate(items) if i in keep]
         if limit:
             items = items[:limit]
         if scope not in ("auto", "full", "retrieval"):
             raise typer.BadParameter("--scope: auto, full or retrieval")
-        if semantic_probe:
-            _probe(tenant, items, _policy_dir(policy_dir), semantic_threshold, nats_url)
+        if semantic_probe or verified_probe:
+            kind = "verified" if verified_probe else "semantic"
+            threshold = verified_threshold if verified_probe else semantic_threshold
+            _probe(kind, tenant, items, _knowledge_dir(knowledge_dir), _policy_dir(policy_dir),
+                   threshold, nats_url)  # fmt: skip
             return
         options = FlowOptions(
             semantic_cache=semantic_cache, semantic_threshold=semantic_threshold,
-            scope=scope, summary_source="template",  # type: ignore[arg-type]
+            scope=scope, summary_source="template", generation=generation,  # type: ignore[arg-type]
         )  # fmt: skip
 
         async def run() -> Any:
@@ -279,7 +305,8 @@ def register(sql: typer.Typer) -> None:
                       f"{'y' if len(removed) == 1 else 'ies'} {removed}")  # fmt: skip
         console.print(render_report(report))
         if report_json:
-            rows = [{"id": o.item.id, "correct": o.correct, "path": o.prediction.path,
+            rows = [{"id": o.item.id, "lang": o.item.lang, "category": o.item.category,
+                     "correct": o.correct, "path": o.prediction.path,
                      "sql": o.prediction.sql, "error": o.prediction.error,
                      "gold_error": o.gold_error, "seconds": round(o.prediction.seconds, 3),
                      "summary": o.prediction.summary, "ungrounded": o.ungrounded}
@@ -288,28 +315,40 @@ def register(sql: typer.Typer) -> None:
 
 
 def _probe(
-    tenant: str, items: list[Any], policy_dir: Path, threshold: float, nats_url: str | None
-) -> None:
-    from switchyard.text2sql.evalrun import probe_semantic_cache
+    kind: str, tenant: str, items: list[Any], knowledge_dir: Path, policy_dir: Path,
+    threshold: float, nats_url: str | None,
+) -> None:  # fmt: skip
+    from switchyard.text2sql.evalrun import probe_semantic_cache, probe_verified
     from switchyard.text2sql.evaluation import wilson
+
+    probe_fn = probe_verified if kind == "verified" else probe_semantic_cache
 
     async def run() -> Any:
         bus = await cli_connect(_settings(nats_url), "sy-sql-eval")
         try:
-            return await probe_semantic_cache(
-                bus, tenant, items, policy_dir=policy_dir, threshold=threshold
-            )
+            return await probe_fn(bus, tenant, items, knowledge_dir=knowledge_dir,
+                                  policy_dir=policy_dir, threshold=threshold)  # fmt: skip
         finally:
             await bus.close()
 
     probe = asyncio.run(run())
     lo, hi = wilson(probe.false_hits, probe.hits) if probe.hits else (0.0, 1.0)
+    what = "verified queries" if kind == "verified" else "semantic cache"
     console.print(
-        f"semantic cache at cosine >= {threshold}: {probe.hits} hit(s) in {probe.asked} "
-        f"questions, {probe.false_hits} false: false-hit rate {probe.false_hit_rate:.1%} "
+        f"{what} at cosine >= {threshold}: {probe.hits} hit(s) in {probe.asked} "
+        f"questions, {probe.false_hits} false: false-hit rate "
+        f"{probe.false_hits / probe.hits if probe.hits else 0.0:.1%} "
         f"(95% Wilson {lo:.1%}-{hi:.1%})"
     )
-    table = Table("asked", "cached question", "cosine", "right")
+    if kind == "verified":
+        console.print(f"reachable items (a verified query returns their gold rows): "
+                      f"{probe.reachable}, recall {probe.recall:.1%}")  # fmt: skip
+    table = Table("asked", "matched question", "cosine", "right")
     for asked, cached, score, right in probe.examples:
         table.add_row(asked[:60], cached[:60], f"{score:.3f}", "yes" if right else "NO")
     console.print(table)
+    if kind == "verified" and probe.missed:
+        missed = Table("missed (reachable)", "its verified question", "cosine", title="missed")
+        for asked, stored, score in probe.missed:
+            missed.add_row(asked[:60], stored[:60], f"{score:.3f}")
+        console.print(missed)

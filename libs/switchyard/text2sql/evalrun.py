@@ -35,8 +35,9 @@ from switchyard.text2sql.fleet import FleetModel
 from switchyard.text2sql.guard import GuardClient
 from switchyard.text2sql.index import KnowledgeIndex
 from switchyard.text2sql.knowledge import KnowledgeStore
-from switchyard.text2sql.matching import reusable
+from switchyard.text2sql.matching import CANDIDATES, reusable
 from switchyard.text2sql.pipeline import FlowOptions, Pipeline
+from switchyard.text2sql.vocabulary import vocabulary_for
 
 
 def guarded_copy(
@@ -114,8 +115,9 @@ class CacheProbe:
 
 
 async def probe_semantic_cache(
-    bus: Bus, tenant: str, items: Sequence[EvalItem], *, policy_dir: Path, threshold: float
-) -> CacheProbe:
+    bus: Bus, tenant: str, items: Sequence[EvalItem], *, knowledge_dir: Path, policy_dir: Path,
+    threshold: float,
+) -> CacheProbe:  # fmt: skip
     """The semantic cache's false-hit rate, independent of the model that fills it.
 
     Items are asked in order against a fresh cache that holds the gold SQL of every
@@ -124,6 +126,7 @@ async def probe_semantic_cache(
     reused answer that is wrong for the question asked.
     """
     run_sql = _gold_runner(GuardClient(bus), tenant, _database(PolicyStore(policy_dir), tenant))
+    vocabulary = vocabulary_for(KnowledgeStore(knowledge_dir).load(tenant))
     memo: dict[str, ResultSet] = {}
 
     async def result(sql: str) -> ResultSet:
@@ -139,7 +142,9 @@ async def probe_semantic_cache(
             found = await asyncio.to_thread(
                 index.search, tenant, item.question, kinds=["answer"], limit=1
             )
-            if found and reusable(item.question, found[0].text, found[0].score, threshold):
+            if found and reusable(
+                item.question, found[0].text, found[0].score, threshold, vocabulary
+            ):
                 cached = await result(str(found[0].payload["sql"]))
                 right = False
                 for sql in item.gold:
@@ -151,6 +156,85 @@ async def probe_semantic_cache(
             await asyncio.to_thread(
                 index.add, tenant, "answer", item.id, item.question, {"sql": item.gold[0]}
             )
+    finally:
+        index.close()
+    return probe
+
+
+@dataclass
+class VerifiedProbe:
+    """How the verified-query match does on an evaluation set, without a model.
+
+    An item is `reachable` when one of the tenant's verified queries returns its
+    gold rows (a rewording, or a twin in another language, of a verified question);
+    a hit is right when the reused SQL returns the item's gold rows."""
+
+    threshold: float
+    asked: int = 0
+    reachable: int = 0
+    hits: int = 0
+    false_hits: int = 0
+    missed: list[tuple[str, str, float]] = field(default_factory=list)  # reachable, not hit
+    examples: list[tuple[str, str, float, bool]] = field(default_factory=list)
+
+    @property
+    def recall(self) -> float:
+        right = self.hits - self.false_hits
+        return right / self.reachable if self.reachable else 0.0
+
+
+async def probe_verified(
+    bus: Bus, tenant: str, items: Sequence[EvalItem], *, knowledge_dir: Path, policy_dir: Path,
+    threshold: float,
+) -> VerifiedProbe:  # fmt: skip
+    """Each item against the tenant's verified queries, minus those the leakage guard
+    removes (an item that IS a verified question measures nothing)."""
+    run_sql = _gold_runner(GuardClient(bus), tenant, _database(PolicyStore(policy_dir), tenant))
+    knowledge, _ = leakage_guard(KnowledgeStore(knowledge_dir).load(tenant), items)
+    vocabulary = vocabulary_for(knowledge)
+    verified = {q.id: q for q in knowledge.verified}
+    memo: dict[str, ResultSet] = {}
+
+    async def result(sql: str) -> ResultSet:
+        if sql not in memo:
+            memo[sql] = await run_sql(sql)
+        return memo[sql]
+
+    async def answers(sql: str, item: EvalItem) -> bool:
+        got = await result(sql)
+        for gold in item.gold:
+            if same_result(got, await result(gold), order_matters=item.order_matters):
+                return True
+        return False
+
+    probe = VerifiedProbe(threshold)
+    index = KnowledgeIndex(shared_embedder(), location=":memory:")
+    try:
+        await asyncio.to_thread(index.sync, knowledge)
+        for item in items:
+            probe.asked += 1
+            reachable = [q for q in verified.values() if await answers(q.sql, item)]
+            probe.reachable += bool(reachable)
+            found = await asyncio.to_thread(
+                index.search, tenant, item.question, kinds=["verified"], limit=CANDIDATES
+            )
+            top = next((h for h in found
+                        if reusable(item.question, h.text, h.score, threshold, vocabulary)),
+                       None)  # fmt: skip
+            if top is not None:
+                right = await answers(verified[top.ref].sql, item)
+                probe.hits += 1
+                probe.false_hits += not right
+                probe.examples.append((item.question, top.text, top.score, right))
+                if right:
+                    continue
+            if reachable:
+                best = next((h for h in await asyncio.to_thread(
+                    index.search, tenant, item.question, kinds=["verified"], limit=len(verified)
+                ) if h.ref == reachable[0].id), None)  # fmt: skip
+                probe.missed.append(
+                    (item.question, reachable[0].question, best.score if best else 0.0)
+                )
     finally:
         index.close()
     return probe

@@ -55,6 +55,7 @@ ABS_TOL = 1e-9
 MAX_PERMUTATIONS = 2000
 
 Intent = Literal["metric", "lookup", "trend", "breakdown"]
+Language = Literal["en", "zh"]
 ItemId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 
@@ -75,6 +76,10 @@ class EvalItem(_Strict):
     gold: Annotated[list[NonEmpty], Field(min_length=1)]
     order_matters: bool = False
     tags: list[NonEmpty] = []
+    # The language the question is asked in; a question in another language than its
+    # English `twin` must be answered with the twin's rows (its gold is the twin's).
+    lang: Language = "en"
+    twin: ItemId | None = None
 
 
 class EvalSet(_Strict):
@@ -85,6 +90,15 @@ class EvalSet(_Strict):
         counts = Counter(i.id for i in self.items)
         if dupes := sorted(k for k, n in counts.items() if n > 1):
             raise ValueError(f"duplicate item ids: {dupes}")
+        by_id = {i.id: i for i in self.items}
+        for item in self.items:
+            if item.twin is None:
+                continue
+            twin = by_id.get(item.twin)
+            if twin is None or twin.twin is not None:
+                raise ValueError(f"{item.id}: twin {item.twin!r} is not an item without a twin")
+            if set(item.gold) != set(twin.gold) or item.order_matters != twin.order_matters:
+                raise ValueError(f"{item.id}: gold differs from its twin {twin.id}'s")
         return self
 
     @classmethod
@@ -302,6 +316,8 @@ class EvalReport:
     by_category: dict[str, Tally] = field(default_factory=dict)
     by_path: dict[str, Tally] = field(default_factory=dict)
     by_tag: dict[str, Tally] = field(default_factory=dict)
+    # "zh verified": execution accuracy per language and answer path.
+    by_language_path: dict[str, Tally] = field(default_factory=dict)
 
     @property
     def summaries(self) -> int:
@@ -381,6 +397,11 @@ async def run_evaluation(
         by_category=_tally((o.item.category, o.correct) for o in outcomes),
         by_path=_tally((o.prediction.path, o.correct) for o in outcomes),
         by_tag=_tally((t, o.correct) for o in outcomes for t in o.item.tags),
+        by_language_path=_tally(
+            (f"{o.item.lang} {key}", o.correct)
+            for o in outcomes
+            for key in ("(all)", o.prediction.path)
+        ),
     )
 
 
@@ -436,6 +457,7 @@ def render_report(report: EvalReport) -> Group:
         ),
         _tally_table("by category", "category", report.by_category),
         _tally_table("by answer path", "path", report.by_path),
+        _tally_table("by language and answer path", "language path", report.by_language_path),
     ]
     if report.by_tag:
         parts.append(_tally_table("by tag", "tag", report.by_tag))

@@ -374,6 +374,8 @@ def _unknown_names(text: str, facts: ResultFacts, question: str) -> list[str]:
         for m in words[1:]:
             word = m.group(0)
             lower = word.lower()
-            if word[0].isupper() and not all(p in known for p in (lower, *lower.split("-"))):
+            # A hyphenated name is known whole (a label "ACME-S4") or part by part.
+            parts = lower.split("-")
+            if word[0].isupper() and lower not in known and not all(p in known for p in parts):
                 bad.append(word)
     return bad

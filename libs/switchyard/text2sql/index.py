@@ -6,9 +6,11 @@ payload of every hit, in case a filter were ever built wrong). Point ids are
 UUID5 of (tenant, kind, ref), so the same item of two tenants can never collide
 and a re-sync overwrites instead of duplicating.
 
-`sync` keeps a marker point per tenant holding the knowledge version it indexed;
-when it matches, sync is a no-op. Otherwise only items whose text or payload
-changed are re-embedded, and items no longer in the knowledge are deleted.
+`sync` keeps a marker point per tenant holding the knowledge version and the
+embedding model it indexed with; when both match, sync is a no-op. Otherwise only
+items whose text or payload changed (or that another model embedded) are
+re-embedded, and items no longer in the knowledge are deleted. Searches compare
+vectors of the current model only.
 "answer" items (the semantic answer cache) are written by `add` and never
 touched by `sync`: they carry the knowledge version they were made under, and
 their owner decides when they are stale.
@@ -31,7 +33,7 @@ from typing import Any, Literal, TypeVar, get_args
 from qdrant_client import QdrantClient, models
 
 from switchyard.errors import ErrorCode, SwitchyardError
-from switchyard.text2sql.embedding import DIM, Embedder
+from switchyard.text2sql.embedding import DIM, Embedder, Role
 from switchyard.text2sql.knowledge import TENANT_RE, TenantKnowledge
 
 ItemKind = Literal["view", "semantics", "metric", "verified", "answer"]
@@ -39,10 +41,14 @@ ITEM_KINDS: frozenset[str] = frozenset(get_args(ItemKind))
 # What `sync` owns; "answer" items belong to the answer cache.
 SYNCED_KINDS: tuple[ItemKind, ...] = ("view", "semantics", "metric", "verified")
 _MARKER_KIND = "_version"  # not an ItemKind, so no search can ever return it
-_RESERVED = ("tenant", "kind", "ref", "text")
+_RESERVED = ("tenant", "kind", "ref", "text", "embedder")
 _ID_NAMESPACE = uuid.UUID("5f0c6a3e-8f7d-4f35-9b8e-0d6c1b7e2a41")
 _BATCH = 64
 QUERY_CACHE = 64  # question vectors kept
+# How each kind is embedded: questions as queries (matched against the question
+# asked: symmetric), documents as the passages a question retrieves.
+_ROLE: dict[str, Role] = {"verified": "query", "answer": "query", "view": "passage",
+                          "semantics": "passage", "metric": "passage"}  # fmt: skip
 
 
 class KnowledgeIndexError(SwitchyardError):
@@ -113,13 +119,14 @@ def _check_kinds(kinds: Sequence[str]) -> None:
         raise KnowledgeIndexError(f"unknown item kinds {sorted(unknown)}")
 
 
-def _tenant_filter(tenant: str, kinds: Sequence[str]) -> models.Filter:
-    return models.Filter(
-        must=[
-            models.FieldCondition(key="tenant", match=models.MatchValue(value=tenant)),
-            models.FieldCondition(key="kind", match=models.MatchAny(any=list(kinds))),
-        ]
-    )
+def _tenant_filter(tenant: str, kinds: Sequence[str], embedder: str | None = None) -> models.Filter:
+    must = [
+        models.FieldCondition(key="tenant", match=models.MatchValue(value=tenant)),
+        models.FieldCondition(key="kind", match=models.MatchAny(any=list(kinds))),
+    ]
+    if embedder is not None:  # vectors of another model are not comparable with ours
+        must.append(models.FieldCondition(key="embedder", match=models.MatchValue(value=embedder)))
+    return models.Filter(must=list(must))
 
 
 class KnowledgeIndex:
@@ -190,7 +197,8 @@ class KnowledgeIndex:
         ids = [point_id(tenant, i.kind, i.ref) for i in wanted]
         with self._lock:
             marker = self._client.retrieve(self._collection, [marker_id], with_payload=True)
-            if marker and (marker[0].payload or {}).get("version") == version:
+            mark = marker[0].payload or {} if marker else {}
+            if mark.get("version") == version and mark.get("embedder") == self._embedder.name:
                 return 0
             existing = {
                 str(r.id): r.payload or {}
@@ -211,10 +219,9 @@ class KnowledgeIndex:
                 self._client.delete(self._collection, models.FilterSelector(filter=stale))
         # Embed outside the lock: it is the slow part, and searches may go on meanwhile.
         for chunk in _chunks(changed):
-            vectors = self._embedder.encode([item.text for _, item in chunk])
             points = [
                 models.PointStruct(id=pid, vector=vec, payload=self._payload(tenant, item))
-                for (pid, item), vec in zip(chunk, vectors, strict=True)
+                for pid, item, vec in self._embedded(chunk)
             ]
             with self._lock:
                 self._client.upsert(self._collection, points)
@@ -222,7 +229,12 @@ class KnowledgeIndex:
         marker_point = models.PointStruct(
             id=marker_id,
             vector=[1.0] + [0.0] * (DIM - 1),  # any unit vector: it is never searched
-            payload={"tenant": tenant, "kind": _MARKER_KIND, "version": version},
+            payload={
+                "tenant": tenant,
+                "kind": _MARKER_KIND,
+                "version": version,
+                "embedder": self._embedder.name,
+            },
         )
         with self._lock:
             self._client.upsert(self._collection, [marker_point])
@@ -235,7 +247,7 @@ class KnowledgeIndex:
         _check_tenant(tenant)
         _check_kinds([kind])
         item = _Item(kind, ref, text, dict(payload))
-        [vector] = self._embedder.encode([text])
+        [vector] = self._embedder.encode([text], _ROLE[kind])
         point = models.PointStruct(
             id=point_id(tenant, kind, ref), vector=vector, payload=self._payload(tenant, item)
         )
@@ -261,7 +273,7 @@ class KnowledgeIndex:
             found = self._client.query_points(
                 self._collection,
                 query=vector,
-                query_filter=_tenant_filter(tenant, kinds),
+                query_filter=_tenant_filter(tenant, kinds, self._embedder.name),
                 limit=limit,
                 score_threshold=min_score,
                 with_payload=True,
@@ -271,6 +283,8 @@ class KnowledgeIndex:
             payload = point.payload or {}
             # Belt and braces: the filter already did this, a wrong filter must not leak.
             if payload.get("tenant") != tenant or payload.get("kind") not in kinds:
+                continue
+            if payload.get("embedder") != self._embedder.name:
                 continue
             hits.append(
                 Hit(
@@ -288,7 +302,7 @@ class KnowledgeIndex:
             if (cached := self._queries.get(query)) is not None:
                 self._queries.move_to_end(query)
                 return cached
-        [vector] = self._embedder.encode([query])
+        [vector] = self._embedder.encode([query], "query")
         with self._queries_lock:
             self._queries[query] = vector
             while len(self._queries) > QUERY_CACHE:
@@ -315,10 +329,19 @@ class KnowledgeIndex:
         with self._lock:
             self._client.close()
 
-    @staticmethod
-    def _payload(tenant: str, item: _Item) -> dict[str, Any]:
+    def _embedded(self, chunk: Sequence[tuple[str, _Item]]) -> list[tuple[str, _Item, list[float]]]:
+        """The chunk's items with their vectors, each embedded in its kind's role."""
+        out: list[tuple[str, _Item, list[float]]] = []
+        for role in ("query", "passage"):
+            same = [(pid, item) for pid, item in chunk if _ROLE[item.kind] == role]
+            vectors = self._embedder.encode([item.text for _, item in same], role)
+            out += [(pid, item, vec) for (pid, item), vec in zip(same, vectors, strict=True)]
+        return out
+
+    def _payload(self, tenant: str, item: _Item) -> dict[str, Any]:
         body = {k: v for k, v in item.payload.items() if k not in _RESERVED}
-        return {**body, "tenant": tenant, "kind": item.kind, "ref": item.ref, "text": item.text}
+        fixed = {"tenant": tenant, "kind": item.kind, "ref": item.ref, "text": item.text}
+        return {**body, **fixed, "embedder": self._embedder.name}
 
 
 _T = TypeVar("_T")

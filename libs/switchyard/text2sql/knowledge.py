@@ -5,6 +5,7 @@ Layout under the knowledge root (default `deploy/knowledge`):
     packs/<pack>/schema.yaml       views and their columns (descriptions, sample values)
     packs/<pack>/semantics.md      business meaning, in `## ` sections
     packs/<pack>/metrics.yaml      named, parameterised SQL for common questions
+    packs/<pack>/terms.yaml        what questions are about, in every language's words
     tenants/<tenant>/knowledge.yaml   `pack: <pack>` and optional `notes: ...`
     tenants/<tenant>/verified.yaml    question -> SQL pairs a human has checked
 
@@ -130,6 +131,13 @@ class Metric(_Strict):
         return _PLACEHOLDER.sub(lambda m: str(int(values[m.group(1)])), self.sql)
 
 
+class Term(_Strict):
+    """Something a question can be about, in the words (any language) that name it."""
+
+    name: MetricName
+    phrases: Annotated[list[NonEmpty], Field(min_length=1)]
+
+
 class VerifiedQuery(_Strict):
     id: QueryId
     question: NonEmpty
@@ -146,6 +154,7 @@ class TenantKnowledge(_Strict):
     semantics: str
     metrics: list[Metric]
     verified: list[VerifiedQuery]
+    terms: list[Term] = []
 
     # Computed on every call, not cached: `model_copy(update=...)` would carry a stale one.
     @property
@@ -264,6 +273,15 @@ class _MetricsFile(_Strict):
     @model_validator(mode="after")
     def _unique(self) -> _MetricsFile:
         _no_duplicates([m.name for m in self.metrics], "metric name")
+        return self
+
+
+class _TermsFile(_Strict):
+    terms: list[Term] = []
+
+    @model_validator(mode="after")
+    def _unique(self) -> _TermsFile:
+        _no_duplicates([t.name for t in self.terms], "term")
         return self
 
 
@@ -420,6 +438,7 @@ class KnowledgeStore:
                 pdir / "schema.yaml",
                 pdir / "semantics.md",
                 pdir / "metrics.yaml",
+                pdir / "terms.yaml",
             )
         )
 
@@ -431,6 +450,8 @@ class KnowledgeStore:
         schema = _parse(_SchemaFile, schema_path, _read_yaml(schema_path))
         metrics_path = pdir / "metrics.yaml"
         metrics = _parse(_MetricsFile, metrics_path, _read_yaml(metrics_path, required=False))
+        terms_path = pdir / "terms.yaml"
+        terms = _parse(_TermsFile, terms_path, _read_yaml(terms_path, required=False))
         try:
             semantics = (pdir / "semantics.md").read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -460,6 +481,7 @@ class KnowledgeStore:
             semantics=semantics,
             metrics=metrics.metrics,
             verified=self._verified(tdir / "verified.yaml"),
+            terms=terms.terms,
         )
 
     def _verified(self, path: Path) -> list[VerifiedQuery]:

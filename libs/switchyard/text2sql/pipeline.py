@@ -1,14 +1,15 @@
 """Answering one question: cheapest correct path first, every stage streamed and timed.
 
 1. exact cache (tenant, normalised question, knowledge version);
-2. a verified query above a strict similarity that names the same time window and
-   numbers: its SQL, re-executed for fresh data;
+2. a verified query (in any language) close in meaning that names the same time
+   window, numbers, metrics and terms (matching): its SQL, re-executed for fresh data;
 3. the semantic cache (optional, strict, tenant-partitioned): an earlier answer's SQL;
 4. a verified metric the question names, in the metric's shape (metric_match):
    the metric's SQL template with the window the question names;
 5. intent (a constrained choice): out-of-scope and chit-chat end here, without SQL;
 6. scope: the whole schema when it fits the budget, else the retrieved views;
-7. generation under the tenant's SELECT grammar -> validator -> EXPLAIN gate ->
+7. generation under a SELECT grammar of the tenant's policy, over the views the
+   question needs (joins of up to three along declared keys) -> validator -> EXPLAIN gate ->
    executor; on a refusal exactly one retry that carries what is new (the rule,
    the plan, the real columns, the values that exist); a second refusal asks the
    asker a multiple-choice question instead of spending more tokens;
@@ -53,12 +54,24 @@ from switchyard.text2sql.caches import TtlCache
 from switchyard.text2sql.chart import chart_for
 from switchyard.text2sql.facts import facts_text, result_facts, template_summary, ungrounded
 from switchyard.text2sql.fleet import Completion, FleetModel
-from switchyard.text2sql.grammar import DEFAULT_JOIN_KEYS, select_grammar
+from switchyard.text2sql.grammar import (
+    GRAMMAR_MAX_BYTES,
+    GRAMMAR_VIEWS,
+    anchor_views,
+    choose_views,
+    select_grammar,
+)
 from switchyard.text2sql.guard import GuardClient
 from switchyard.text2sql.index import Hit, KnowledgeIndex
 from switchyard.text2sql.knowledge import KnowledgeStore, TenantKnowledge
-from switchyard.text2sql.matching import SEMANTIC_THRESHOLD, VERIFIED_THRESHOLD, reusable
+from switchyard.text2sql.matching import (
+    CANDIDATES,
+    SEMANTIC_THRESHOLD,
+    VERIFIED_THRESHOLD,
+    reusable,
+)
 from switchyard.text2sql.normalise import normalise_question
+from switchyard.text2sql.vocabulary import vocabulary_for
 from switchyard.token_estimate import CHARS_PER_TOKEN, estimate_text_tokens
 
 log = get_logger(__name__)
@@ -66,6 +79,7 @@ log = get_logger(__name__)
 Emit = Callable[[StageName, float, dict[str, Any]], Awaitable[None]]
 # A small model may echo the prompt's labels before its sentence.
 _LABEL = re.compile(r"^(?:(?:draft|answer|summary|sentence|result)\s*:\s*)+", re.IGNORECASE)
+NOT_GENERATED = "no verified query or metric answers this, and SQL generation is off"
 # The retry's new information (columns, values) is capped to this many tokens.
 RETRY_INFO_TOKENS = 250
 
@@ -73,15 +87,18 @@ RETRY_INFO_TOKENS = 250
 @dataclass(frozen=True)
 class FlowOptions:
     verified_threshold: float = VERIFIED_THRESHOLD
-    metric_threshold: float = 0.45  # and metric_match.answers(): see there
     semantic_cache: bool = False
     semantic_threshold: float = SEMANTIC_THRESHOLD
+    # False: answered only by verified queries and metrics; other questions are offered
+    # the nearest of them (a clarification) and no model writes SQL.
+    generation: bool = True
     scope: Literal["auto", "full", "retrieval"] = "auto"
     # The generation prompt's budget (schema, conventions, examples), estimated tokens:
     # sized for the CPU model's 2,048-token context; raise it on a GPU model.
     context_budget_tokens: int = 1200
     retrieval_views: int = 4
-    grammar_views: int = 3
+    # The most views the generation grammar covers (grammar.choose_views picks them).
+    grammar_views: int = GRAMMAR_VIEWS
     few_shots: int = 2
     sql_max_tokens: int = 200
     summary: bool = True
@@ -196,15 +213,21 @@ class Pipeline:
             await run.stage("cache", 0.0, cache="exact", request_id=cached.request_id)
             return run.answer(**_reuse(cached), path="exact_cache")
         answer = await self._deterministic(run)
-        if answer is None:
+        if answer is None and not o.generation:
+            answer = await self._clarify(run, None, NOT_GENERATED)
+        elif answer is None:
             answer = await self._generated(run)
         if answer.status == "ok" and not ask.no_cache:
             self.exact.put(key, answer)
             if o.semantic_cache and answer.path == "generated" and answer.sql:
                 await asyncio.to_thread(
-                    self.index.add, ask.tenant, "answer", ask.id, ask.question,
+                    self.index.add,
+                    ask.tenant,
+                    "answer",
+                    ask.id,
+                    ask.question,
                     {"sql": answer.sql, "knowledge_version": run.knowledge.version},
-                )  # fmt: skip
+                )
         return answer
 
     # -- paths without a model ---------------------------------------------------------
@@ -216,18 +239,20 @@ class Pipeline:
 
     async def _deterministic(self, run: Run) -> SqlAnswer | None:
         o, question = self.options, normalise_question(run.ask.question)
+        question_asked, words = run.ask.question, vocabulary_for(run.knowledge)
         t = time.perf_counter()
         exact = next(
             (q for q in run.knowledge.verified if normalise_question(q.question) == question), None
         )
-        hits = [] if exact else await self._search(run, ["verified"])
-        if exact or (
-            hits and reusable(run.ask.question, hits[0].text, hits[0].score, o.verified_threshold)
-        ):
-            ref = exact.id if exact else str(hits[0].payload.get("id", hits[0].ref))
+        hits = [] if exact else await self._search(run, ["verified"], limit=CANDIDATES)
+        hit = next((h for h in hits
+                    if reusable(question_asked, h.text, h.score, o.verified_threshold, words)),
+                   None)  # fmt: skip
+        if exact or hit:
+            ref = exact.id if exact else str(hit.payload.get("id", hit.ref)) if hit else ""
             query = exact or next((q for q in run.knowledge.verified if q.id == ref), None)
             if query is not None:
-                score = 1.0 if exact else hits[0].score
+                score = 1.0 if exact or hit is None else hit.score
                 await run.stage("verified", time.perf_counter() - t, id=query.id,
                                 question=query.question, score=round(score, 4))  # fmt: skip
                 answer = await self._reuse_sql(run, query.sql, "verified", query.id)
@@ -239,7 +264,7 @@ class Pipeline:
             if (
                 sem
                 and sem[0].payload.get("knowledge_version") == run.knowledge.version
-                and reusable(run.ask.question, sem[0].text, sem[0].score, o.semantic_threshold)
+                and reusable(question_asked, sem[0].text, sem[0].score, o.semantic_threshold, words)
             ):
                 await run.stage("cache", time.perf_counter() - t, cache="semantic",
                                 question=sem[0].text, score=round(sem[0].score, 4))  # fmt: skip
@@ -249,20 +274,17 @@ class Pipeline:
                 if answer is not None:
                     return answer
         t = time.perf_counter()
-        for hit in await self._search(run, ["metric"], limit=3):
-            metric = run.knowledge.metric(str(hit.payload.get("name", hit.ref)))
-            if hit.score < o.metric_threshold or metric is None:
-                continue
-            if not metric_match.answers(run.ask.question, metric, run.knowledge.metrics):
-                continue
+        # The vocabulary decides: a metric answers only a question that names it and no
+        # other metric (metric_match.answers), so a similarity search could add nothing.
+        named = words.metrics_named(question_asked)
+        metric = run.knowledge.metric(next(iter(named))) if len(named) == 1 else None
+        if metric is not None and metric_match.answers(question_asked, metric, words):
             params = metric_match.parameters(run.ask.question, metric)
             run.intent = "metric"
-            await run.stage("metric", time.perf_counter() - t, name=metric.name,
-                            score=round(hit.score, 4), params=params)  # fmt: skip
+            await run.stage("metric", time.perf_counter() - t, name=metric.name, params=params)
             answer = await self._reuse_sql(run, metric.render(**params), "metric", metric.name)
             if answer is not None:
                 return answer
-            break
         return None
 
     async def _reuse_sql(
@@ -283,10 +305,13 @@ class Pipeline:
         ask = run.ask
         t = time.perf_counter()
         choice = await self.model.complete(
-            ask.tenant, prompts.intent_messages(ask.question),
-            constraint=ChoiceConstraint(choices=list(prompts.INTENTS)), max_tokens=8,
-            deadline=ask.deadline, trace=ask.trace,
-        )  # fmt: skip
+            ask.tenant,
+            prompts.intent_messages(ask.question),
+            constraint=ChoiceConstraint(choices=list(prompts.INTENTS)),
+            max_tokens=8,
+            deadline=ask.deadline,
+            trace=ask.trace,
+        )
         said = choice.text.strip()
         run.intent = said if said in prompts.INTENTS else "lookup"
         # A small model's guess may not turn a question about the tenant's own views,
@@ -307,9 +332,11 @@ class Pipeline:
         return await self._attempts(run, first, views, path="generated")
 
     async def _scope(self, run: Run) -> tuple[list[str], str, str, list[prompts.Example]]:
-        """What the generation sees, within `context_budget_tokens` (estimated): the
-        whole schema when it fits in 60 % of it, else the best-ranked views that do;
-        then the most relevant conventions and verified examples in what is left."""
+        """What the generation sees, within `context_budget_tokens` (estimated), and the
+        views its grammar covers: those the question needs (grammar.choose_views, most
+        needed first). The prompt shows the whole schema when it fits in 60 % of the
+        budget, else those views, as many as fit; then the most relevant conventions
+        and verified examples in what is left."""
         o, k = self.options, run.knowledge
         t = time.perf_counter()
         budget = o.context_budget_tokens
@@ -318,19 +345,22 @@ class Pipeline:
         mode = o.scope
         if mode == "auto":
             mode = "full" if estimate_text_tokens(full) <= budget * 0.6 else "retrieval"
-        # Ranked by relevance in both modes: the grammar covers the best-ranked views.
+        # The views are the ones the question needs, most needed first (the grammar
+        # covers them); in retrieval mode the prompt shows the same views.
         hits = await self._search(run, ["view"], limit=len(every))
-        ranked = [h.ref for h in hits if h.ref in every]
-        ranked += [v for v in every if v not in ranked]
-        views, schema = ranked, full
+        scores = {h.ref: h.score for h in hits if h.ref in every}
+        ranked = [*scores, *(v for v in every if v not in scores)]
+        columns = {v.name: [c.name for c in v.columns] for v in k.views}
+        views = choose_views(run.ask.question, ranked, columns, scores=scores,
+                             limit=o.grammar_views)  # fmt: skip
+        schema = full
         if mode == "retrieval":
-            ranked = ranked[: o.retrieval_views]
-            views = ranked[:1]
-            for name in ranked[1:]:
-                if estimate_text_tokens(k.schema_text([*views, name])) > budget * 0.6:
+            fitted = views[:1]
+            for name in views[1 : o.retrieval_views]:
+                if estimate_text_tokens(k.schema_text([*fitted, name])) > budget * 0.6:
                     break
-                views.append(name)
-            schema = k.schema_text(views)
+                fitted.append(name)
+            views, schema = fitted, k.schema_text(fitted)
         left = max(0, budget - estimate_text_tokens(schema))
         sections = await self._search(run, ["semantics"], limit=2)
         conventions = _fit("\n".join(h.text for h in sections), left // 2)
@@ -360,10 +390,13 @@ class Pipeline:
             if sql is None:
                 t = time.perf_counter()
                 done = await self.model.complete(
-                    ask.tenant, messages, constraint=grammar,
-                    max_tokens=self.options.sql_max_tokens, deadline=ask.deadline,
+                    ask.tenant,
+                    messages,
+                    constraint=grammar,
+                    max_tokens=self.options.sql_max_tokens,
+                    deadline=ask.deadline,
                     trace=ask.trace,
-                )  # fmt: skip
+                )
                 sql = done.text.strip()
                 await run.stage("sql", time.perf_counter() - t, sql=sql, attempt=attempt_no,
                                 finish=done.result.finish_reason)  # fmt: skip
@@ -393,15 +426,20 @@ class Pipeline:
         return await self._clarify(run, attempt.failure)
 
     def _grammar(self, run: Run, views: list[str]) -> str:
-        """The SELECT grammar over the best-ranked views of the scope.
+        """The SELECT grammar over the first `grammar_views` views of the scope (most
+        needed first), joining up to three along the declared keys, plus the subqueries
+        the tenant's conventions take "the latest day" from.
 
-        Its size and decoding cost grow with every pair of joinable views (all 14 demo
-        views with joins: ~95 KB, past the 64 KiB a constraint carries; 3 views with 3
-        joins: 15-40 s per statement on the CPU model), so it covers at most
-        `grammar_views` views, and joins only when there are two."""
+        Its size grows with the views' join paths (the worst 5 demo views: ~37 KB), so
+        one over GRAMMAR_MAX_BYTES drops its least needed views until it fits."""
+        k = run.knowledge
         chosen = views[: self.options.grammar_views]
-        keys = DEFAULT_JOIN_KEYS if len(chosen) <= 2 else ()
-        return select_grammar(run.policy, chosen, join_keys=keys)
+        anchors = [a for a in anchor_views(k.semantics) if k.view(a) is not None]
+        while True:
+            gbnf = select_grammar(run.policy, chosen, subquery_views=anchors)
+            if len(gbnf.encode()) <= GRAMMAR_MAX_BYTES or len(chosen) <= 1:
+                return gbnf
+            chosen = chosen[:-1]
 
     async def _fix(self, run: Run, sql: str) -> SqlAnswer:
         """The tenant's own SQL as attempt 1; one corrected attempt if the walls refuse it."""
@@ -416,7 +454,9 @@ class Pipeline:
         await run.stage("sql", 0.0, sql=sql, source="tenant")
         return await self._attempts(run, first, views, path="fixed", given=sql)
 
-    async def _clarify(self, run: Run, failure: prompts.Failure | None) -> SqlAnswer:
+    async def _clarify(
+        self, run: Run, failure: prompts.Failure | None, reason: str = "refused"
+    ) -> SqlAnswer:
         t = time.perf_counter()
         hits = await self._search(run, ["verified", "metric"], limit=3)
         options = [h.text if h.kind == "verified" else h.text.split("\n", 1)[0] for h in hits]
@@ -425,12 +465,12 @@ class Pipeline:
             question="I could not write a query I can vouch for. Did you mean one of these?",
             options=options,
         )
-        said = failure.describe() if failure else "refused"
+        said = failure.describe() if failure else reason
         await run.stage("clarify", time.perf_counter() - t, question=clarification.question,
                         options=options, failure=said)  # fmt: skip
         error = ErrorInfo(code="rejected_sql", reason=said)
         return run.answer(status="clarify", path="clarify", clarification=clarification,
-                          attempts=2, error=error)  # fmt: skip
+                          attempts=2 if failure else 0, error=error)  # fmt: skip
 
     # -- the walls ---------------------------------------------------------------------
 
@@ -495,10 +535,19 @@ class Pipeline:
         chart = chart_for(rows.columns, rows.rows)
         await run.stage("chart", time.perf_counter() - t, mark=chart.get("mark") if chart else None)
         return run.answer(
-            status="ok", path=path, sql=verdict.canonical_sql, columns=rows.columns,
-            rows=rows.rows, truncated=rows.truncated, summary=summary, summary_source=source,
-            facts=facts, chart=chart, attempts=attempts, reference=reference,
-        )  # fmt: skip
+            status="ok",
+            path=path,
+            sql=verdict.canonical_sql,
+            columns=rows.columns,
+            rows=rows.rows,
+            truncated=rows.truncated,
+            summary=summary,
+            summary_source=source,
+            facts=facts,
+            chart=chart,
+            attempts=attempts,
+            reference=reference,
+        )
 
     async def _summary(
         self, run: Run, facts: ResultFacts, rows: ExecuteReply
@@ -519,11 +568,12 @@ class Pipeline:
         said: str | None = None
         try:
             done = await self.model.complete(
-                run.ask.tenant, prompts.summary_messages(question, template, facts_text(facts),
-                                                         digest),
-                max_tokens=self.options.summary_max_tokens, deadline=run.ask.deadline,
+                run.ask.tenant,
+                prompts.summary_messages(question, template, facts_text(facts), digest),
+                max_tokens=self.options.summary_max_tokens,
+                deadline=run.ask.deadline,
                 trace=run.ask.trace,
-            )  # fmt: skip
+            )
             # A sentence cut by the token limit is no sentence; an echoed label is no answer.
             cut = done.result.finish_reason == "length"
             said = None if cut else _LABEL.sub("", done.text.strip()).strip() or None
@@ -542,13 +592,22 @@ class Pipeline:
     async def audit(self, answer: SqlAnswer) -> None:
         """One audit event per question, whatever the path: what was asked, what ran."""
         event = sql_audit(
-            tenant=answer.tenant, request_id=answer.request_id, event="sql.answer",
-            actor="sqlflow", verdict=answer.status, sql=answer.sql, question=answer.question,
+            tenant=answer.tenant,
+            request_id=answer.request_id,
+            event="sql.answer",
+            actor="sqlflow",
+            verdict=answer.status,
+            sql=answer.sql,
+            question=answer.question,
             rows_returned=len(answer.rows) if answer.status == "ok" else None,
-            duration=answer.duration, trace=answer.trace, path=answer.path,
-            intent=answer.intent, attempts=answer.attempts, reference=answer.reference,
+            duration=answer.duration,
+            trace=answer.trace,
+            path=answer.path,
+            intent=answer.intent,
+            attempts=answer.attempts,
+            reference=answer.reference,
             error=answer.error.reason if answer.error else None,
-        )  # fmt: skip
+        )
         await publish_audit(self.bus.js, event)
 
 
@@ -558,9 +617,14 @@ def _info(exc: SwitchyardError) -> ErrorInfo:
 
 def _error_answer(ask: SqlAsk, exc: SwitchyardError) -> SqlAnswer:
     return SqlAnswer(
-        tenant=ask.tenant, trace=ask.trace, request_id=ask.id, question=ask.question,
-        status="error", path="error", error=_info(exc),
-    )  # fmt: skip
+        tenant=ask.tenant,
+        trace=ask.trace,
+        request_id=ask.id,
+        question=ask.question,
+        status="error",
+        path="error",
+        error=_info(exc),
+    )
 
 
 def _reuse(cached: SqlAnswer) -> dict[str, Any]:
@@ -570,7 +634,7 @@ def _reuse(cached: SqlAnswer) -> dict[str, Any]:
 
 
 def _mentions_schema(question: str, knowledge: TenantKnowledge) -> bool:
-    """Whether the question names one of the tenant's views, columns or metrics."""
+    """Whether the question names one of the tenant's views, columns, metrics or terms."""
     words = set(re.findall(r"[a-z0-9]+", question.lower()))
     for view in knowledge.views:
         names = [view.name, *(c.name for c in view.columns)]
@@ -578,7 +642,8 @@ def _mentions_schema(question: str, knowledge: TenantKnowledge) -> bool:
             parts = name.lower().split("_")
             if all(p in words or p + "s" in words or p.rstrip("s") in words for p in parts):
                 return True
-    return any(metric_match.names_metric(question, m) for m in knowledge.metrics)
+    # ... or any of its terms (渠道, orders, 退款): Chinese has no column names to spot.
+    return bool(vocabulary_for(knowledge).read(question).concepts)
 
 
 def _fit(text: str, tokens: int) -> str:
