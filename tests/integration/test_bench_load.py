@@ -94,8 +94,12 @@ async def test_a_stall_shows_in_the_requests_due_during_it() -> None:
     recs = await _run(Arrival("constant", rate=40), duration=5.0, stall_index=80)
     assert all(r.ok for r in recs), {r.outcome for r in recs}
     # The harness kept its schedule although a quarter of the run was stuck behind the stall.
+    # Had it waited on the stalled requests, the 80 due during the stall (40 % of the run)
+    # would have been sent up to 2 s late: p75 of the lag ~0.75 s, p99 ~1.9 s. A pause of
+    # the shared machine itself (0.55 s seen once in CI) delays the few due in it.
     lags = sorted(r.send_lag or 0 for r in recs)
-    assert lags[int(0.99 * len(lags))] < 0.1
+    assert lags[int(0.75 * len(lags))] < 0.1, lags[-10:]
+    assert lags[int(0.99 * len(lags))] < STALL_S / 2, lags[-10:]
     during = [r for r in recs if STALL_AT + 0.1 <= r.intended <= STALL_AT + STALL_S - 0.1]
     assert len(during) >= 60
     for r in during:  # each waited from its due time until the stall ended
