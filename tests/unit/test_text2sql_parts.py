@@ -210,3 +210,11 @@ def test_metric_parameters_from_the_question() -> None:
     assert metric_match.parameters("Show DAU per day", DAU) == {}
     assert metric_match.parameters("top 3 servers by revenue", TOP) == {"top": 3}
     assert metric_match.parameters("Which 10 servers earned most", TOP) == {"top": 10}
+    # A count of cohorts is a retention metric's window (its days are cohort days).
+    d1 = KnowledgeStore(REPO / "deploy" / "knowledge").load("acme").metric("d1_retention")
+    assert d1 is not None
+    for asked, days in (("What is D1 retention for the last 30 mature cohorts?", 30),
+                        ("D1 retention of the latest 7 measurable cohorts", 7),
+                        ("最近7个成熟批次（注册日截至前天）的次日留存是多少？", 7),
+                        ("最近三十个批次的次日留存", 30)):  # fmt: skip
+        assert metric_match.parameters(asked, d1) == {"days": days}, asked
