@@ -125,15 +125,9 @@ async def probe_semantic_cache(
     cached SQL and comparing with the asked item's gold results: a false hit is a
     reused answer that is wrong for the question asked.
     """
-    run_sql = _gold_runner(GuardClient(bus), tenant, _database(PolicyStore(policy_dir), tenant))
+    results = _Results(_gold_runner(GuardClient(bus), tenant,
+                                    _database(PolicyStore(policy_dir), tenant)))  # fmt: skip
     vocabulary = vocabulary_for(KnowledgeStore(knowledge_dir).load(tenant))
-    memo: dict[str, ResultSet] = {}
-
-    async def result(sql: str) -> ResultSet:
-        if sql not in memo:
-            memo[sql] = await run_sql(sql)
-        return memo[sql]
-
     probe = CacheProbe(threshold)
     index = KnowledgeIndex(shared_embedder(), location=":memory:")
     try:
@@ -145,11 +139,7 @@ async def probe_semantic_cache(
             if found and reusable(
                 item.question, found[0].text, found[0].score, threshold, vocabulary
             ):
-                cached = await result(str(found[0].payload["sql"]))
-                right = False
-                for sql in item.gold:
-                    gold = await result(sql)
-                    right = right or same_result(cached, gold, order_matters=item.order_matters)
+                right = await results.answers(str(found[0].payload["sql"]), item)
                 probe.hits += 1
                 probe.false_hits += not right
                 probe.examples.append((item.question, found[0].text, found[0].score, right))
@@ -189,31 +179,18 @@ async def probe_verified(
 ) -> VerifiedProbe:  # fmt: skip
     """Each item against the tenant's verified queries, minus those the leakage guard
     removes (an item that IS a verified question measures nothing)."""
-    run_sql = _gold_runner(GuardClient(bus), tenant, _database(PolicyStore(policy_dir), tenant))
+    results = _Results(_gold_runner(GuardClient(bus), tenant,
+                                    _database(PolicyStore(policy_dir), tenant)))  # fmt: skip
     knowledge, _ = leakage_guard(KnowledgeStore(knowledge_dir).load(tenant), items)
     vocabulary = vocabulary_for(knowledge)
     verified = {q.id: q for q in knowledge.verified}
-    memo: dict[str, ResultSet] = {}
-
-    async def result(sql: str) -> ResultSet:
-        if sql not in memo:
-            memo[sql] = await run_sql(sql)
-        return memo[sql]
-
-    async def answers(sql: str, item: EvalItem) -> bool:
-        got = await result(sql)
-        for gold in item.gold:
-            if same_result(got, await result(gold), order_matters=item.order_matters):
-                return True
-        return False
-
     probe = VerifiedProbe(threshold)
     index = KnowledgeIndex(shared_embedder(), location=":memory:")
     try:
         await asyncio.to_thread(index.sync, knowledge)
         for item in items:
             probe.asked += 1
-            reachable = [q for q in verified.values() if await answers(q.sql, item)]
+            reachable = [q for q in verified.values() if await results.answers(q.sql, item)]
             probe.reachable += bool(reachable)
             found = await asyncio.to_thread(
                 index.search, tenant, item.question, kinds=["verified"], limit=CANDIDATES
@@ -222,7 +199,7 @@ async def probe_verified(
                         if reusable(item.question, h.text, h.score, threshold, vocabulary)),
                        None)  # fmt: skip
             if top is not None:
-                right = await answers(verified[top.ref].sql, item)
+                right = await results.answers(verified[top.ref].sql, item)
                 probe.hits += 1
                 probe.false_hits += not right
                 probe.examples.append((item.question, top.text, top.score, right))
@@ -238,6 +215,27 @@ async def probe_verified(
     finally:
         index.close()
     return probe
+
+
+class _Results:
+    """What each statement returns, run once per probe however often it is asked."""
+
+    def __init__(self, run_sql: Callable[[str], Awaitable[ResultSet]]) -> None:
+        self._run_sql = run_sql
+        self._memo: dict[str, ResultSet] = {}
+
+    async def of(self, sql: str) -> ResultSet:
+        if sql not in self._memo:
+            self._memo[sql] = await self._run_sql(sql)
+        return self._memo[sql]
+
+    async def answers(self, sql: str, item: EvalItem) -> bool:
+        """`sql` returns the rows of one of the item's gold statements."""
+        got = await self.of(sql)
+        for gold in item.gold:
+            if same_result(got, await self.of(gold), order_matters=item.order_matters):
+                return True
+        return False
 
 
 def _database(policies: PolicyStore, tenant: str) -> str:

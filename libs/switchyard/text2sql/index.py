@@ -126,7 +126,7 @@ def _tenant_filter(tenant: str, kinds: Sequence[str], embedder: str | None = Non
     ]
     if embedder is not None:  # vectors of another model are not comparable with ours
         must.append(models.FieldCondition(key="embedder", match=models.MatchValue(value=embedder)))
-    return models.Filter(must=list(must))
+    return models.Filter(must=must)
 
 
 class KnowledgeIndex:

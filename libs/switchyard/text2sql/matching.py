@@ -97,6 +97,9 @@ def reusable(
 ) -> bool:
     """A stored question's SQL may answer `question`: close enough, same specifics, and
     either naming something of the vocabulary to agree on or all but the same text."""
-    if score < threshold or not same_specifics(question, stored, vocabulary):
+    if score < threshold:
         return False
-    return bool(specifics(question, vocabulary).concepts) or score >= NEAR_REPEAT
+    mine = specifics(question, vocabulary)
+    if mine != specifics(stored, vocabulary):
+        return False
+    return bool(mine.concepts) or score >= NEAR_REPEAT

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 from switchyard.text2sql.knowledge import Metric
-from switchyard.text2sql.timeframe import chinese_numeral, days_in, names_unexpressed_period
+from switchyard.text2sql.timeframe import cohorts_in, days_in, names_unexpressed_period
 from switchyard.text2sql.vocabulary import Vocabulary
 
 # Columns a question can break a metric down by; "day" is every metric's own grain.
@@ -48,24 +48,6 @@ _TOP = re.compile(
     r"\btop\s+(\d{1,3})\b|\b(\d{1,3})\s+(?:best|top|highest|biggest|largest)?\s*"
     r"(?:servers|channels|regions|players|spenders|levels)\b|前\s*(\d{1,3})\s*(?:名|个|位)"
 )
-
-
-# A count of cohorts ("the last 30 mature cohorts", 最近7个成熟批次) is the window of a
-# retention metric, whose `days` are cohort days; timeframe reads no window there.
-_COHORTS = re.compile(
-    r"\b(?:last|latest|past|recent|most recent)\s+(\d{1,3}|two|three|five|seven|ten|"
-    r"fourteen|thirty)\s+(?:[a-z-]+\s+){0,3}cohorts?\b"
-    r"|(?:最近|近|最新的?)\s*([0-9]{1,3}|[一二两三四五六七八九十百]{1,4})\s*个[^，,。？?]{0,12}?批次"
-)
-_COHORT_WORDS = {"two": 2, "three": 3, "five": 5, "seven": 7, "ten": 10, "fourteen": 14,
-                 "thirty": 30}  # fmt: skip
-
-
-def cohort_count(question: str) -> int | None:
-    if m := _COHORTS.search(question.lower()):
-        token = m.group(1) or m.group(2)
-        return _COHORT_WORDS.get(token) or chinese_numeral(token)
-    return None
 
 
 # The demo metrics are series (one row per day or cohort): a question must ask for one,
@@ -113,8 +95,8 @@ def parameters(question: str, metric: Metric) -> dict[str, int]:
     """The integer parameters the question sets (its window, a top-N); defaults otherwise."""
     params: dict[str, int] = {}
     days = days_in(question)
-    if days is None:
-        days = cohort_count(question)
+    if days is None:  # a retention metric's days are cohort days
+        days = cohorts_in(question)
     if days is not None and "days" in metric.params:
         params["days"] = days
     if "top" in metric.params and (m := _TOP.search(question.lower())):

@@ -221,13 +221,9 @@ class Pipeline:
             self.exact.put(key, answer)
             if o.semantic_cache and answer.path == "generated" and answer.sql:
                 await asyncio.to_thread(
-                    self.index.add,
-                    ask.tenant,
-                    "answer",
-                    ask.id,
-                    ask.question,
+                    self.index.add, ask.tenant, "answer", ask.id, ask.question,
                     {"sql": answer.sql, "knowledge_version": run.knowledge.version},
-                )
+                )  # fmt: skip
         return answer
 
     # -- paths without a model ---------------------------------------------------------
@@ -248,16 +244,17 @@ class Pipeline:
         hit = next((h for h in hits
                     if reusable(question_asked, h.text, h.score, o.verified_threshold, words)),
                    None)  # fmt: skip
-        if exact or hit:
-            ref = exact.id if exact else str(hit.payload.get("id", hit.ref)) if hit else ""
-            query = exact or next((q for q in run.knowledge.verified if q.id == ref), None)
-            if query is not None:
-                score = 1.0 if exact or hit is None else hit.score
-                await run.stage("verified", time.perf_counter() - t, id=query.id,
-                                question=query.question, score=round(score, 4))  # fmt: skip
-                answer = await self._reuse_sql(run, query.sql, "verified", query.id)
-                if answer is not None:
-                    return answer
+        query, score = exact, 1.0
+        if hit is not None:
+            ref = str(hit.payload.get("id", hit.ref))
+            query = next((q for q in run.knowledge.verified if q.id == ref), None)
+            score = hit.score
+        if query is not None:
+            await run.stage("verified", time.perf_counter() - t, id=query.id,
+                            question=query.question, score=round(score, 4))  # fmt: skip
+            answer = await self._reuse_sql(run, query.sql, "verified", query.id)
+            if answer is not None:
+                return answer
         if o.semantic_cache and not run.ask.no_cache:
             t = time.perf_counter()
             sem = await self._search(run, ["answer"])
@@ -305,13 +302,10 @@ class Pipeline:
         ask = run.ask
         t = time.perf_counter()
         choice = await self.model.complete(
-            ask.tenant,
-            prompts.intent_messages(ask.question),
-            constraint=ChoiceConstraint(choices=list(prompts.INTENTS)),
-            max_tokens=8,
-            deadline=ask.deadline,
-            trace=ask.trace,
-        )
+            ask.tenant, prompts.intent_messages(ask.question),
+            constraint=ChoiceConstraint(choices=list(prompts.INTENTS)), max_tokens=8,
+            deadline=ask.deadline, trace=ask.trace,
+        )  # fmt: skip
         said = choice.text.strip()
         run.intent = said if said in prompts.INTENTS else "lookup"
         # A small model's guess may not turn a question about the tenant's own views,
@@ -390,13 +384,10 @@ class Pipeline:
             if sql is None:
                 t = time.perf_counter()
                 done = await self.model.complete(
-                    ask.tenant,
-                    messages,
-                    constraint=grammar,
-                    max_tokens=self.options.sql_max_tokens,
-                    deadline=ask.deadline,
+                    ask.tenant, messages, constraint=grammar,
+                    max_tokens=self.options.sql_max_tokens, deadline=ask.deadline,
                     trace=ask.trace,
-                )
+                )  # fmt: skip
                 sql = done.text.strip()
                 await run.stage("sql", time.perf_counter() - t, sql=sql, attempt=attempt_no,
                                 finish=done.result.finish_reason)  # fmt: skip
@@ -535,19 +526,10 @@ class Pipeline:
         chart = chart_for(rows.columns, rows.rows)
         await run.stage("chart", time.perf_counter() - t, mark=chart.get("mark") if chart else None)
         return run.answer(
-            status="ok",
-            path=path,
-            sql=verdict.canonical_sql,
-            columns=rows.columns,
-            rows=rows.rows,
-            truncated=rows.truncated,
-            summary=summary,
-            summary_source=source,
-            facts=facts,
-            chart=chart,
-            attempts=attempts,
-            reference=reference,
-        )
+            status="ok", path=path, sql=verdict.canonical_sql, columns=rows.columns,
+            rows=rows.rows, truncated=rows.truncated, summary=summary, summary_source=source,
+            facts=facts, chart=chart, attempts=attempts, reference=reference,
+        )  # fmt: skip
 
     async def _summary(
         self, run: Run, facts: ResultFacts, rows: ExecuteReply
@@ -568,12 +550,11 @@ class Pipeline:
         said: str | None = None
         try:
             done = await self.model.complete(
-                run.ask.tenant,
-                prompts.summary_messages(question, template, facts_text(facts), digest),
-                max_tokens=self.options.summary_max_tokens,
-                deadline=run.ask.deadline,
+                run.ask.tenant, prompts.summary_messages(question, template, facts_text(facts),
+                                                         digest),
+                max_tokens=self.options.summary_max_tokens, deadline=run.ask.deadline,
                 trace=run.ask.trace,
-            )
+            )  # fmt: skip
             # A sentence cut by the token limit is no sentence; an echoed label is no answer.
             cut = done.result.finish_reason == "length"
             said = None if cut else _LABEL.sub("", done.text.strip()).strip() or None
@@ -592,22 +573,13 @@ class Pipeline:
     async def audit(self, answer: SqlAnswer) -> None:
         """One audit event per question, whatever the path: what was asked, what ran."""
         event = sql_audit(
-            tenant=answer.tenant,
-            request_id=answer.request_id,
-            event="sql.answer",
-            actor="sqlflow",
-            verdict=answer.status,
-            sql=answer.sql,
-            question=answer.question,
+            tenant=answer.tenant, request_id=answer.request_id, event="sql.answer",
+            actor="sqlflow", verdict=answer.status, sql=answer.sql, question=answer.question,
             rows_returned=len(answer.rows) if answer.status == "ok" else None,
-            duration=answer.duration,
-            trace=answer.trace,
-            path=answer.path,
-            intent=answer.intent,
-            attempts=answer.attempts,
-            reference=answer.reference,
+            duration=answer.duration, trace=answer.trace, path=answer.path,
+            intent=answer.intent, attempts=answer.attempts, reference=answer.reference,
             error=answer.error.reason if answer.error else None,
-        )
+        )  # fmt: skip
         await publish_audit(self.bus.js, event)
 
 
@@ -617,14 +589,9 @@ def _info(exc: SwitchyardError) -> ErrorInfo:
 
 def _error_answer(ask: SqlAsk, exc: SwitchyardError) -> SqlAnswer:
     return SqlAnswer(
-        tenant=ask.tenant,
-        trace=ask.trace,
-        request_id=ask.id,
-        question=ask.question,
-        status="error",
-        path="error",
-        error=_info(exc),
-    )
+        tenant=ask.tenant, trace=ask.trace, request_id=ask.id, question=ask.question,
+        status="error", path="error", error=_info(exc),
+    )  # fmt: skip
 
 
 def _reuse(cached: SqlAnswer) -> dict[str, Any]:

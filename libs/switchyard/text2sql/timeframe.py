@@ -175,6 +175,21 @@ def _first_count(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None
     return None
 
 
+# A count of cohorts ("the last 30 mature cohorts", 最近7个成熟批次): the window of a
+# retention metric, whose days are cohort days. No window of days_in: cohorts are
+# registration days, counted back from the latest mature one, not from yesterday.
+_N_COHORTS = re.compile(
+    r"\b(?:last|latest|past|recent|most\s+recent)\s+" + _EN_NUM
+    + r"\s+(?:[a-z-]+\s+){0,3}cohorts?\b", _A
+)  # fmt: skip
+_ZH_N_COHORTS = re.compile(rf"(?:最近|近|最新的?)\s*{_ZH_NUM}\s*个[^，,。？?]{{0,12}}?批次")
+
+
+def cohorts_in(question: str) -> int | None:
+    """The number of cohorts a question counts back, or None when it counts none."""
+    return _first_count((_N_COHORTS, _ZH_N_COHORTS), _normal(question))
+
+
 def names_unexpressed_period(question: str) -> bool:
     """The question names a calendar period (this year, last year, a quarter, a calendar
     month or week, a year by number) that no number of days ending yesterday expresses."""
