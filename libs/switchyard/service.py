@@ -17,6 +17,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+from switchyard import eventloop
 from switchyard.bus.connection import Bus, connect
 from switchyard.config import Settings
 from switchyard.logging import configure, get_logger
@@ -54,7 +55,7 @@ async def serve(name: str, settings: Settings, main: Main) -> None:
 def run_service(name: str, settings: Settings, main: Main) -> None:
     configure(settings.log_level, service=name)
     try:
-        asyncio.run(serve(name, settings, main))
+        eventloop.run(serve(name, settings, main))
     except ServiceExit as e:
         get_logger(name).error("service.exit", code=e.code, reason=e.reason)
         # All it held is closed (bus, engine): skip the interpreter's finalization, which

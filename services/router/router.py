@@ -23,7 +23,6 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-import nats.errors
 from nats.aio.msg import Msg
 
 from services.router import metrics
@@ -33,7 +32,7 @@ from services.router.settings import RouterSettings
 from switchyard import subjects
 from switchyard.answers import answer, result_for
 from switchyard.bus.connection import Bus
-from switchyard.bus.consumer import dead_letter, fetch_ready
+from switchyard.bus.consumer import Puller, dead_letter
 from switchyard.bus.publish import publish
 from switchyard.bus.topology import ROUTER_DURABLE
 from switchyard.codec import decode, encode
@@ -164,20 +163,25 @@ class Router:
     # -- intake: REQ -> admission -> fair queue -------------------------------------------
 
     async def _intake(self, stop: asyncio.Event) -> None:
-        sub = await self.bus.js.pull_subscribe_bind(ROUTER_DURABLE, stream="REQ")
-        while not stop.is_set():
-            try:
-                async for msgs in fetch_ready(sub, lambda: self.s.fetch_batch, 0.5):
-                    await self._admit_all(msgs)
-            except (TimeoutError, nats.errors.TimeoutError):
-                continue
-
-    async def _admit_all(self, msgs: list[Msg]) -> None:
-        for msg in msgs:
-            try:
-                await self._admit(msg)
-            except Exception:
-                log.exception("router.intake_failed")  # left unacked: redelivered later
+        """REQ, read continuously (`bus.consumer.Puller`) and admitted one message at a time
+        in arrival order; a message left unacked (a failure, or still in `arrived` when the
+        router stops) is redelivered after its ack wait."""
+        arrived: asyncio.Queue[Msg] = asyncio.Queue()
+        puller = Puller(self.bus.js, "REQ", ROUTER_DURABLE, arrived.put_nowait,
+                        lambda: self.s.fetch_batch - arrived.qsize(), expires=0.5)  # fmt: skip
+        pulling = asyncio.create_task(puller.run())
+        try:
+            while not stop.is_set():
+                msg = await arrived.get()
+                puller.wake()
+                try:
+                    await self._admit(msg)
+                except Exception:
+                    log.exception("router.intake_failed")
+        finally:
+            pulling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pulling
 
     async def _admit(self, msg: Msg) -> None:
         try:

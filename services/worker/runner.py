@@ -196,7 +196,8 @@ class Runner:
                         self._begun(req)
                     text.append(delta.text)
                     if writer is not None and req.stream:
-                        await writer.delta(delta.text, delta.completion_tokens)
+                        fresh = delta.completion_tokens - usage.completion_tokens
+                        await writer.delta(delta.text, max(0, fresh))
                 usage = Usage(
                     prompt_tokens=delta.prompt_tokens or usage.prompt_tokens,
                     completion_tokens=delta.completion_tokens,

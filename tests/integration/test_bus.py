@@ -100,7 +100,7 @@ async def test_transient_error_naks_and_retries(bus: Bus, unique: str) -> None:
 
     loop = PullLoop(
         bus.js, stream, durable, flaky,
-        retry=RetryPolicy(4, backoff_base=0.2), ack_wait=5, fetch_timeout=0.2,
+        retry=RetryPolicy(4, backoff_base=0.2), ack_wait=5, pull_expires=0.2,
     )  # fmt: skip
     await _run_until(loop, lambda: loop.processed == 1)
     assert len(attempts) == 3
@@ -119,7 +119,7 @@ async def test_dead_letter_after_max_deliver_with_reason(bus: Bus, unique: str) 
 
     loop = PullLoop(
         bus.js, stream, durable, always_fails,
-        retry=RetryPolicy(3, backoff_base=0.05), ack_wait=5, fetch_timeout=0.2,
+        retry=RetryPolicy(3, backoff_base=0.05), ack_wait=5, pull_expires=0.2,
     )  # fmt: skip
     task = asyncio.create_task(loop.run())
     letter_msg = await dlq_sub.next_msg(timeout=10)
@@ -145,7 +145,7 @@ async def test_undecodable_payload_is_dead_lettered_at_once(bus: Bus, unique: st
         decode(msg.data, Cancel)
 
     loop = PullLoop(
-        bus.js, stream, durable, handle, retry=RetryPolicy(4), ack_wait=5, fetch_timeout=0.2
+        bus.js, stream, durable, handle, retry=RetryPolicy(4), ack_wait=5, pull_expires=0.2
     )
     task = asyncio.create_task(loop.run())
     letter = decode((await dlq_sub.next_msg(timeout=10)).data, DeadLetter)

@@ -9,12 +9,13 @@ import pytest
 from switchyard.bus.connection import Bus
 from switchyard.bus.tokenstream import TokenStreamReader, TokenStreamWriter
 from switchyard.errors import StreamTimeout
-from switchyard.messages.inference import ErrorInfo, GenerateResult
+from switchyard.messages.inference import ErrorInfo, GenerateResult, TokenFrame
+from tests.support.poll import until
 
 
 async def test_ten_thousand_frames_arrive_complete_and_in_order(bus: Bus) -> None:
     async with TokenStreamReader(bus.nc, idle_timeout=10) as reader:
-        writer = TokenStreamWriter(bus.nc, reader.inbox)
+        writer = TokenStreamWriter(bus.nc, reader.inbox, coalesce=0)  # a frame per delta
 
         async def produce() -> None:
             for i in range(10_000):
@@ -29,6 +30,56 @@ async def test_ten_thousand_frames_arrive_complete_and_in_order(bus: Bus) -> Non
     assert [f.seq for f in frames] == list(range(10_001))
     assert "".join(f.text for f in frames[:-1]) == "".join(f"{i}," for i in range(10_000))
     assert frames[-1].type == "end" and frames[-1].result and frames[-1].result.status == "ok"
+
+
+async def test_a_burst_of_deltas_travels_as_few_frames_first_token_at_once(bus: Bus) -> None:
+    """Coalescing: the first delta goes at once, the rest of a burst follows in one frame,
+    text and token counts whole and in order; deltas further apart than the window are not
+    held back."""
+    async with TokenStreamReader(bus.nc, idle_timeout=10) as reader:
+        writer = TokenStreamWriter(bus.nc, reader.inbox, coalesce=0.05)
+        frames: list[TokenFrame] = []
+
+        async def read() -> None:
+            async for f in reader:
+                frames.append(f)
+
+        reading = asyncio.create_task(read())
+        for i in range(500):
+            await writer.delta(f"{i},", 1)
+        await until(lambda: len(frames) >= 1, timeout=5, what="the first frame")
+        # ... holding the first delta alone: it did not wait for the window
+        assert frames[0].text == "0," and frames[0].tokens == 1
+        await asyncio.sleep(0.2)  # the window closed: the held text went as one frame
+        assert len(frames) == 2 and frames[1].tokens == 499
+        await writer.delta("late", 2)  # after the window: at once
+        await until(lambda: len(frames) == 3, timeout=5, what="the late delta")
+        await writer.delta("x", 1)  # within the window of "late": held, then sent by end
+        await writer.end(GenerateResult(tenant="t", request_id="R", workload="llm", status="ok"))
+        await reading
+    deltas = [f for f in frames if f.type == "delta"]
+    assert "".join(f.text for f in deltas) == "".join(f"{i}," for i in range(500)) + "latex"
+    assert sum(f.tokens for f in deltas) == 503
+    assert [f.seq for f in frames] == list(range(len(frames))) and frames[-1].type == "end"
+
+
+async def test_readers_share_one_subscription_and_see_only_their_own_frames(bus: Bus) -> None:
+    before = len(bus.nc._subs)
+    async with (
+        TokenStreamReader(bus.nc, idle_timeout=5) as a,
+        TokenStreamReader(bus.nc, idle_timeout=5) as b,
+    ):
+        assert a.inbox != b.inbox
+        for reader, word in ((a, "alpha"), (b, "beta")):
+            writer = TokenStreamWriter(bus.nc, reader.inbox)
+            await writer.delta(word)
+            await writer.end(
+                GenerateResult(tenant="t", request_id=word, workload="llm", status="ok")
+            )
+        got = {r.inbox: [f async for f in r] for r in (a, b)}
+    assert "".join(f.text for f in got[a.inbox]) == "alpha"
+    assert "".join(f.text for f in got[b.inbox]) == "beta"
+    assert len(bus.nc._subs) <= before + 1  # one wildcard subscription, not one per reader
 
 
 async def test_error_frame_ends_the_stream(bus: Bus) -> None:

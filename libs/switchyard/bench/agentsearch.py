@@ -22,13 +22,13 @@ passed (the capacity is at least the top rung).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
+from switchyard import eventloop
 from switchyard.bench.agentsim import (
     POOL_LOOKS,
     AgentSimConfig,
@@ -263,7 +263,7 @@ def run_capacity_search(
     def measure(n: int) -> LoadResult:
         load = replace(sized, phones=n)
         with agent_fleet(load) as url:  # a fresh one unless cfg names a running fleet
-            report = asyncio.run(drive(load, url))
+            report = eventloop.run(drive(load, url))
         res = judge(report, target_ms, min_loop_efficiency)
         # A search takes minutes: say where it is (stderr, so --json stays clean).
         print(f"agent-sim search: {n} phones: {res.reason}", file=sys.stderr, flush=True)

@@ -74,7 +74,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import cast
 
-from switchyard import subjects
+from switchyard import eventloop, subjects
 from switchyard.agentactions import (
     ActionFormatError,
     Answer,
@@ -814,4 +814,4 @@ async def drive(cfg: AgentSimConfig, url: str) -> AgentSimReport:
 
 def run_agent_sim(cfg: AgentSimConfig) -> AgentSimReport:
     with agent_fleet(cfg) as url:
-        return asyncio.run(drive(cfg, url))
+        return eventloop.run(drive(cfg, url))

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from switchyard import subjects
+from switchyard import eventloop, subjects
 from switchyard.bench.stats import percentile
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
@@ -187,4 +187,4 @@ async def _bench(
 def run_edge_bench(
     *, nats_url: str | None, requests: int = 400, concurrency: int = 8, max_tokens: int = 16
 ) -> EdgeBench:
-    return asyncio.run(_bench(nats_url, requests, concurrency, max_tokens))
+    return eventloop.run(_bench(nats_url, requests, concurrency, max_tokens))

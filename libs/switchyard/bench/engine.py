@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import TypeVar, cast
 
-from switchyard import subjects
+from switchyard import eventloop, subjects
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
@@ -271,4 +271,4 @@ def run_engine_bench(
     )
     # Not waiting for the worker here: the raw engine loads meanwhile, then waits for it.
     with launch(spec, nats_url=nats_url, ready_timeout=None) as fleet:
-        return asyncio.run(_bench(fleet, rounds, requests, max_tokens, engine, concurrency))
+        return eventloop.run(_bench(fleet, rounds, requests, max_tokens, engine, concurrency))

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+from switchyard import eventloop
 from switchyard.bench.arrival import Arrival, ArrivalKind, schedule
 from switchyard.bench.knee import MIN_GAIN
 from switchyard.bench.loadgen import Hooks, LoadConfig, Target, run_load
@@ -133,7 +134,7 @@ def run_sweep(
     """Run the sweep; with `out`, write report.md, sweep.json and (with `plots`) the PNGs."""
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     t0 = time.perf_counter()
-    runs = asyncio.run(_sweep(cfg, hooks_for))
+    runs = eventloop.run(_sweep(cfg, hooks_for))
     target = "NATS" if cfg.target == "nats" else f"the edge ({cfg.edge_url})"
     notes = list(cfg.notes)
     if cfg.arrival == "closed":

@@ -43,7 +43,6 @@ than to per-token frames; placement does not depend on it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import statistics
 import tempfile
@@ -57,7 +56,7 @@ from pathlib import Path
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from switchyard import subjects
+from switchyard import eventloop, subjects
 from switchyard.bench.peers.clients import Outcome, nats_generate
 from switchyard.bench.peers.stats import imbalance
 from switchyard.bench.routeload import (
@@ -306,4 +305,4 @@ def run_route_bench(cfg: RouteConfig) -> RouteBench:
     async def run_all() -> dict[str, PolicyResult]:
         return {policy: await run_policy(cfg, policy) for policy in cfg.policies}
 
-    return RouteBench(cfg, asyncio.run(run_all()))
+    return RouteBench(cfg, eventloop.run(run_all()))

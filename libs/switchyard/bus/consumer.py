@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext, api
 
 from switchyard import subjects
 from switchyard.bus.publish import MSG_ID
@@ -54,29 +55,120 @@ class RetryPolicy:
         return float(min(self.backoff_cap, self.backoff_base * 2 ** max(0, delivered - 1)))
 
 
-# A top-up pull only asks for what the stream already holds: the server answers at once
-# (or, with nothing there, after this long), never waiting for new messages.
-TOP_UP_WAIT = 0.005
+# Pull-request status codes (JetStream sends them to the request's reply subject).
+_HEARTBEAT = "100"
+# A pull stays outstanding this much past its `expires` before it is presumed lost (its
+# server restarted, the client reconnected) and asked again.
+LOST_PULL_GRACE = 2.0
 
 
-async def fetch_ready(
-    sub: JetStreamContext.PullSubscription, room: Callable[[], int], timeout: float
-) -> AsyncGenerator[list[Msg]]:
-    """Pulled messages in two handfuls: one as soon as it is there, then up to `room()`
-    more that the stream already holds. Start each handful before asking for the next.
+class Puller:
+    """A durable pull consumer read continuously: one pull request is kept outstanding
+    for as many messages as the reader has `room()` for, each message is handed to
+    `deliver` the moment it arrives, and the next pull goes out when that one is spent
+    (every message it asked for delivered, or its `expires` ran out) and there is room.
 
-    nats-py's fetch(n) can keep a message that arrived while it waits for the other n-1
-    until the pull expires (lone messages: max wait 62 ms before, 2 ms after; see the #9
-    note). Raises the fetch's timeout when nothing came within `timeout`.
+    Why not nats-py's `fetch`: each fetch is a fresh request, a batch fetch can hold a
+    message that arrived while it waits for the rest until the pull expires, and topping
+    a batch up costs a no-wait request, a lingering one and two status replies per
+    handful (most of the NATS server's work per request in `sy bench peers overhead`).
+    Here a message costs the server one delivery, and an idle consumer one pull and one
+    `408` per `expires`.
+
+    Each request has its own reply subject (`<inbox>.<n>`), so a late status of an
+    earlier request (after a reconnect) never ends the current one. `expires` is also
+    how long `stop()` may wait for the request in flight: what it still delivers is
+    handed to `deliver` as usual, never stranded on a closed inbox until `ack_wait`.
     """
-    yield await sub.fetch(1, timeout=timeout)
-    if (n := room()) <= 0:
-        return
-    try:
-        more = await sub.fetch(n, timeout=TOP_UP_WAIT)
-    except (TimeoutError, nats.errors.TimeoutError):
-        return
-    yield more
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        stream: str,
+        durable: str,
+        deliver: Callable[[Msg], None],
+        room: Callable[[], int],
+        *,
+        expires: float,
+    ) -> None:
+        self.nc = js._nc  # the connection the context publishes on
+        self.next_subject = f"{js._prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self.deliver = deliver
+        self.room = room
+        self.expires = expires
+        self._inbox = self.nc.new_inbox()
+        self._request = 0  # the current request's number (its reply subject's last token)
+        self._remaining = 0  # messages the current request may still deliver
+        self._lost_at = 0.0  # monotonic: when the current request is presumed lost
+        self._changed = asyncio.Event()
+        self._stopping = False
+        self._refused = False
+        self._sub: Subscription | None = None
+
+    def wake(self) -> None:
+        """Room grew (a message was settled): pull again if the last request is spent."""
+        self._changed.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._changed.set()
+
+    async def run(self) -> None:
+        """Until `stop()`, then until the request in flight is spent (at most `expires`)."""
+        self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_msg)
+        try:
+            while True:
+                now = time.monotonic()
+                if self._remaining and now >= self._lost_at:
+                    self._remaining = 0  # lost with its server or connection
+                if not self._remaining:
+                    if self._stopping:
+                        return
+                    if self._refused:  # the server said no (no consumer, ...): not in a spin
+                        self._refused = False
+                        await asyncio.sleep(min(self.expires, 1.0))
+                        continue
+                    if (n := self.room()) > 0:
+                        await self._pull(n)
+                        continue
+                self._changed.clear()
+                wait = self._lost_at - now if self._remaining else None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), wait)
+        finally:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+
+    async def _pull(self, batch: int) -> None:
+        self._request += 1
+        self._remaining = batch
+        self._lost_at = time.monotonic() + self.expires + LOST_PULL_GRACE
+        body = b'{"batch":%d,"expires":%d}' % (batch, int(self.expires * 1e9))
+        try:
+            await self.nc.publish(self.next_subject, body, f"{self._inbox}.{self._request}")
+        except UNAVAILABLE as exc:
+            log.warning("bus.pull_failed", subject=self.next_subject, error=repr(exc))
+            self._remaining = 0
+            await asyncio.sleep(min(self.expires, 1.0))
+
+    async def _on_msg(self, msg: Msg) -> None:
+        status = (msg.headers or {}).get(api.Header.STATUS)
+        if status is None:
+            self._remaining = max(0, self._remaining - 1)
+            if not self._remaining:
+                self._changed.set()
+            self.deliver(msg)
+            return
+        if status == _HEARTBEAT:
+            return
+        # 408 expired, 404/409 ended or refused: the request is spent if it is the current one.
+        if msg.subject.rsplit(".", 1)[-1] == str(self._request):
+            self._remaining = 0
+            self._changed.set()
+        if status not in ("404", "408"):
+            self._refused = True
+            log.warning("bus.pull_status", subject=self.next_subject, status=status,
+                        description=(msg.headers or {}).get(api.Header.DESCRIPTION))  # fmt: skip
 
 
 async def dead_letter(
@@ -122,7 +214,7 @@ class PullLoop:
         retry: RetryPolicy,
         ack_wait: float,
         max_inflight: int = 1,
-        fetch_timeout: float = 1.0,
+        pull_expires: float = 1.0,
         drain_timeout: float = 30.0,
         on_give_up: GiveUp | None = None,
     ) -> None:
@@ -133,58 +225,42 @@ class PullLoop:
         self.retry = retry
         self.progress_every = max(0.05, ack_wait / 3)
         self.max_inflight = max_inflight
-        self.fetch_timeout = fetch_timeout
+        self.pull_expires = pull_expires  # also the longest a stop waits for the last pull
         self.drain_timeout = drain_timeout
         self.on_give_up = on_give_up
         self._inflight: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
-        self._wake = asyncio.Event()
+        self._puller: Puller | None = None
         self._free = max_inflight
         self.processed = 0
 
     def stop(self) -> None:
         self._stopping.set()
-        self._wake.set()
+        if self._puller is not None:
+            self._puller.stop()
 
     @property
     def inflight(self) -> int:
         return len(self._inflight)
 
     async def run(self) -> None:
-        sub = await self.js.pull_subscribe_bind(self.durable, stream=self.stream)
+        puller = Puller(self.js, self.stream, self.durable, self._start, lambda: self._free,
+                        expires=self.pull_expires)  # fmt: skip
+        self._puller = puller
+        if self._stopping.is_set():
+            puller.stop()
         try:
-            while not self._stopping.is_set():
-                # <= : a fetch can hand back more than asked (nats-py drains its whole
-                # queue, e.g. late answers to pulls made before a reconnect).
-                if self._free <= 0:
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-                try:
-                    async for msgs in fetch_ready(sub, lambda: self._free, self.fetch_timeout):
-                        self._start(msgs)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    continue
-                except nats.errors.ConnectionClosedError:
-                    break
-                except UNAVAILABLE as exc:
-                    # The server is restarting or its JetStream is not up yet: nats-py
-                    # reconnects by itself, so pull again after a pause instead of dying.
-                    log.warning("bus.fetch_unavailable", consumer=self.durable, error=repr(exc))
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stopping.wait(), self.fetch_timeout)
-                    continue
+            await puller.run()  # after stop(): once the pull in flight is spent
+        except nats.errors.ConnectionClosedError:
+            pass
         finally:
             await self._drain()
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
 
-    def _start(self, msgs: list[Msg]) -> None:
-        for msg in msgs:
-            self._free -= 1
-            task = asyncio.create_task(self._handle(msg))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+    def _start(self, msg: Msg) -> None:
+        self._free -= 1
+        task = asyncio.create_task(self._handle(msg))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
 
     async def _drain(self) -> None:
         if not self._inflight:
@@ -230,7 +306,8 @@ class PullLoop:
         finally:
             keepalive.cancel()
             self._free += 1
-            self._wake.set()
+            if self._puller is not None:
+                self._puller.wake()
 
     async def _give_up(self, msg: Msg, code: ErrorCode, reason: str) -> None:
         await dead_letter(self.js, msg, code=code, reason=reason, consumer=self.durable)

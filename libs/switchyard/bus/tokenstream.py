@@ -16,7 +16,9 @@ the authoritative text.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import weakref
 from collections.abc import AsyncIterator
 from types import TracebackType
 
@@ -28,14 +30,29 @@ from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError, StreamTimeout
 from switchyard.messages.inference import ErrorInfo, GenerateResult, TokenFrame
 
+# Deltas that come faster than this apart travel as one frame: the first of a burst goes at
+# once (time to first token is untouched) and the rest of it at most this much later.
+# Decode on a GPU is ~10-20 ms a token, so a live stream is not held back; a burst (a fast
+# engine, a multi-token delta, an answer finishing) costs one message instead of one per
+# token, each of which the NATS server routes and the reader decodes.
+COALESCE_S = 0.005
+
 
 class TokenStreamWriter:
-    def __init__(self, nc: Client, inbox: str, *, attempt: int = 1) -> None:
+    def __init__(
+        self, nc: Client, inbox: str, *, attempt: int = 1, coalesce: float = COALESCE_S
+    ) -> None:
         self.nc = nc
         self.inbox = inbox
         self.attempt = attempt
+        self.coalesce = coalesce
         self.seq = 0
         self.closed = False
+        self._held: list[str] = []  # delta text not sent yet
+        self._held_tokens = 0
+        self._sent_at = -coalesce  # monotonic time of the last delta frame
+        self._due: asyncio.TimerHandle | None = None  # the held text's flush
+        self._flushing: set[asyncio.Task[None]] = set()
 
     async def _send(self, frame: TokenFrame) -> None:
         if self.closed:
@@ -46,42 +63,112 @@ class TokenStreamWriter:
         )
 
     async def delta(self, text: str, tokens: int = 1) -> None:
+        """`text` and the number of output `tokens` it holds."""
+        if self.closed:
+            raise RuntimeError("token stream already ended")
+        self._held.append(text)
+        self._held_tokens += tokens
+        if self._due is not None:
+            return  # a flush is already due
+        wait = self._sent_at + self.coalesce - time.monotonic()
+        if wait <= 0:
+            await self._flush()
+        else:
+            self._due = asyncio.get_running_loop().call_later(wait, self._flush_due)
+
+    def _flush_due(self) -> None:
+        self._due = None
+        if self.closed:
+            return
+        task = asyncio.ensure_future(self._flush())
+        self._flushing.add(task)  # held until done: the loop keeps weak references
+        task.add_done_callback(self._flushing.discard)
+
+    async def _flush(self) -> None:
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
+        if not self._held:
+            return
+        text, tokens = "".join(self._held), self._held_tokens
+        self._held.clear()
+        self._held_tokens = 0
+        self._sent_at = time.monotonic()
         await self._send(
             TokenFrame(seq=self.seq, type="delta", text=text, tokens=tokens, at=time.time())
         )
 
+    # No `nc.flush()` after the last frame (a PING/PONG round trip per request): the
+    # connection writes in order, so the WORK ack that follows cannot overtake it.
     async def end(self, result: GenerateResult) -> None:
+        await self._flush()
         await self._send(TokenFrame(seq=self.seq, type="end", result=result, at=time.time()))
         self.closed = True
-        await self.nc.flush()
 
     async def error(self, info: ErrorInfo) -> None:
+        await self._flush()
         await self._send(TokenFrame(seq=self.seq, type="error", error=info, at=time.time()))
         self.closed = True
-        await self.nc.flush()
+
+
+class _Inboxes:
+    """Every reply inbox of one connection behind one wildcard subscription: a reader takes
+    `<prefix>.<n>` and gets what arrives there. A subscription per request would cost the
+    NATS server a SUB and an UNSUB (an interest-graph change) on every request, and the
+    client a subscription task."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.prefix = nc.new_inbox()
+        self.queues: dict[str, asyncio.Queue[Msg]] = {}
+        self._next = 0
+        self._sub: Subscription | None = None
+        self._opening = asyncio.Lock()
+
+    async def open(self, max_frames: int) -> tuple[str, asyncio.Queue[Msg]]:
+        async with self._opening:
+            if self._sub is None:
+                self._sub = await self.nc.subscribe(
+                    f"{self.prefix}.*", cb=self._route, pending_msgs_limit=-1
+                )
+        self._next += 1
+        token = str(self._next)
+        queue: asyncio.Queue[Msg] = asyncio.Queue(max_frames)
+        self.queues[token] = queue
+        return f"{self.prefix}.{token}", queue
+
+    def close(self, inbox: str) -> None:
+        self.queues.pop(inbox.rsplit(".", 1)[-1], None)
+
+    async def _route(self, msg: Msg) -> None:
+        queue = self.queues.get(msg.subject.rsplit(".", 1)[-1])
+        if queue is not None:  # else a late frame for a reader that has gone
+            with contextlib.suppress(asyncio.QueueFull):  # past max_frames: dropped
+                queue.put_nowait(msg)
+
+
+_INBOXES: weakref.WeakKeyDictionary[Client, _Inboxes] = weakref.WeakKeyDictionary()
 
 
 class TokenStreamReader:
-    """Subscribe first, then publish the request with `reply=reader.inbox`.
+    """Open it, then publish the request with `reply=reader.inbox`.
 
     `async with TokenStreamReader(nc, idle_timeout=5) as stream:` … `async for frame in stream`.
     """
 
     def __init__(self, nc: Client, *, idle_timeout: float, max_frames: int = 1_000_000) -> None:
         self.nc = nc
-        self.inbox = nc.new_inbox()
+        self.inbox = ""  # set on entry
         self.idle_timeout = idle_timeout
         self.max_frames = max_frames
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()
-        self._sub: Subscription | None = None
+        inboxes = _INBOXES.get(nc)
+        if inboxes is None:
+            inboxes = _INBOXES[nc] = _Inboxes(nc)
+        self._inboxes = inboxes
 
     async def __aenter__(self) -> TokenStreamReader:
-        async def on_msg(msg: Msg) -> None:
-            self._queue.put_nowait(msg)
-
-        self._sub = await self.nc.subscribe(
-            self.inbox, cb=on_msg, pending_msgs_limit=self.max_frames
-        )
+        self.inbox, self._queue = await self._inboxes.open(self.max_frames)
         return self
 
     async def __aexit__(
@@ -90,8 +177,7 @@ class TokenStreamReader:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
+        self._inboxes.close(self.inbox)
 
     async def __aiter__(self) -> AsyncIterator[TokenFrame]:
         expected = 0

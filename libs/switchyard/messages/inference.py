@@ -337,7 +337,7 @@ class TokenFrame(Model):
     attempt: int = Field(default=1, ge=1)
     type: FrameType
     text: Text = ""
-    tokens: int = Field(default=0, ge=0)
+    tokens: int = Field(default=0, ge=0)  # output tokens in `text` (a delta may hold several)
     result: GenerateResult | None = None
     error: ErrorInfo | None = None
     at: UnixTime | None = None

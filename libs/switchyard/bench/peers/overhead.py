@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from switchyard import eventloop
 from switchyard.bench.peers import peers, simfleet
 from switchyard.bench.peers.clients import Outcome, http_chat, nats_generate
 from switchyard.bench.peers.rounds import Send, interleave
@@ -157,4 +158,4 @@ def _hops_p50(outcomes: list[Outcome]) -> dict[str, float] | None:
 
 
 def run_overhead(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
-    return asyncio.run(_measure(cfg, log_dir))
+    return eventloop.run(_measure(cfg, log_dir))

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import httpx
 
+from switchyard import eventloop
 from switchyard.bench.peers import peers, simfleet
 from switchyard.bench.peers.clients import Outcome, http_chat, nats_generate
 from switchyard.bench.peers.stats import Latency, delta, hit_rate, imbalance
@@ -238,4 +239,4 @@ def run_routing(cfg: RoutingConfig, log_dir: Path) -> RoutingResult:
     unknown = set(cfg.policies) - set(ALL_POLICIES)
     if unknown:
         raise ValueError(f"unknown policies {sorted(unknown)}; known: {list(ALL_POLICIES)}")
-    return asyncio.run(_measure(cfg, log_dir))
+    return eventloop.run(_measure(cfg, log_dir))
