@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from switchyard import subjects
 from switchyard.bus.connection import Bus
@@ -16,7 +17,7 @@ from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
 from switchyard.codec import encode
 from switchyard.envelope import Envelope
-from switchyard.messages.inference import Cancel, TokenFrame
+from switchyard.messages.inference import Cancel, GenerateResult, TokenFrame
 
 _Item = TokenFrame | BaseException
 
@@ -76,3 +77,13 @@ class Reply:
             with contextlib.suppress(BaseException):
                 await self._pump
         await self.reader.__aexit__(None, None, None)
+
+
+def server_timing(result: GenerateResult) -> dict[str, str]:
+    """The `Server-Timing` header (W3C) of an answer: milliseconds per hop of its way
+    through the fleet (`Route.hops`: prepare, to_router, router, to_worker, engine, back),
+    for browsers' developer tools, `curl -i` and `sy bench peers`."""
+    if result.route is None:
+        return {}
+    hops = result.route.hops(time.time())
+    return {"Server-Timing": ", ".join(f"{h};dur={s * 1000:.2f}" for h, s in hops.items())}

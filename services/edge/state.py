@@ -27,7 +27,8 @@ class EdgeState:
     idempotency: Idempotency
 
 
-def edge_state(request: Request) -> EdgeState:
+async def edge_state(request: Request) -> EdgeState:
+    # async: FastAPI runs a plain `def` dependency on its thread pool, a thread hop per call
     state = getattr(request.app.state, "edge", None)
     if not isinstance(state, EdgeState):  # only between two lifespans: starting or stopping
         raise Unavailable("the edge is not connected to the fleet")

@@ -13,6 +13,8 @@ import openai
 import pytest
 
 from switchyard.bench.peers import peers, simfleet
+from switchyard.bench.peers.cpu import LOAD_GENERATOR
+from switchyard.bench.peers.overhead import SMG, SY_EDGE, SY_NATS, OverheadConfig, run_overhead
 from switchyard.bench.peers.routing import RoutingConfig, run_routing
 from switchyard.bench.peers.stats import parse_metrics
 from switchyard.bench.routeload import ChatConfig
@@ -116,3 +118,27 @@ def test_the_routing_run_sends_the_chat_workload_through_a_peer(tmp_path: Path) 
     assert row.requests_per_backend == [chat.requests // 2] * 2
     assert set(row.tenant_backends) == {"t0", "t1"}
     assert row.busiest_tenant == "t0" and row.busiest_tenant_backends == 2
+
+
+@pytest.mark.skipif(not (_installed(peers.VLLM_ROUTER) and _installed(peers.SMG)),
+                    reason="a peer is not installed (pip install -e '.[bench]')")  # fmt: skip
+def test_the_overhead_run_reports_hops_and_cpu_per_process_for_both_paths(
+    tmp_path: Path,
+) -> None:
+    cfg = OverheadConfig(requests=40, concurrency=4, block=20, warmup=4)
+    result = run_overhead(cfg, tmp_path)
+    assert {c.errors for c in result.columns.values()} == {0}
+    edge, nats = result.columns[SY_EDGE], result.columns[SY_NATS]
+    # The NATS path reads its hops from the results' routes, the edge path from the
+    # answer's Server-Timing header; the edge path went through the preprocessor.
+    assert nats.hops_p50_ms is not None and set(nats.hops_p50_ms) == {
+        "to_router", "router", "to_worker", "engine", "back"}  # fmt: skip
+    assert edge.hops_p50_ms is not None and {"prepare", "to_worker", "http"} <= set(
+        edge.hops_p50_ms
+    )
+    fleet = {"router", "worker", "nats-server", LOAD_GENERATOR}
+    for column, busy in ((nats, fleet), (edge, fleet | {"edge", "preprocessor"})):
+        cpu = column.cpu_ms_per_request or {}
+        assert all(cpu.get(p, 0.0) > 0.05 for p in busy), cpu
+    # A path does not bill the processes it does not use (beyond their idle background).
+    assert (result.columns[SMG].cpu_ms_per_request or {}).get("edge", 0.0) < 0.05

@@ -272,6 +272,28 @@ class Route(Model):
     first_token_at: UnixTime | None = None
     finished_at: UnixTime
 
+    def hops(self, ended: float) -> dict[str, float]:
+        """Seconds per hop, for the hops this request went through (all stamps are one
+        fleet's clocks, so the differences mean something on one machine):
+
+        `prepare`: created -> prepared (INGRESS and the preprocessor, when it went that way);
+        `to_router`: -> admitted (REQ and the router's intake); `router`: admission ->
+        dispatched to WORK; `to_worker`: -> the engine starts; `engine`: start -> finish;
+        `back`: finish -> `ended` (the reader had its end frame).
+        """
+        hops: dict[str, float] = {}
+        at = self.created_at
+        for hop, stamp in (
+            ("prepare", self.prepared_at), ("to_router", self.admitted_at),
+            ("router", self.dispatched_at), ("to_worker", self.started_at),
+            ("engine", self.finished_at),
+        ):  # fmt: skip
+            if stamp is not None:
+                hops[hop] = max(0.0, stamp - at)
+                at = stamp
+        hops["back"] = max(0.0, ended - self.finished_at)
+        return hops
+
 
 class ErrorInfo(Model):
     code: ErrorCode

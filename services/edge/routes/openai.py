@@ -31,6 +31,7 @@ from services.edge.lifecycle import (
     request_lifecycle,
     transport_failure,
 )
+from services.edge.replies import server_timing
 from services.edge.state import State, Who, request_id, traceparent
 from switchyard.errors import SwitchyardError
 from switchyard.messages.inference import ChatRequest, GenerateResult, TokenFrame
@@ -113,7 +114,8 @@ async def chat_completions(
             result = await flight.result()
             await flight.finish(result)
             metrics.completion_tokens(who.tenant, result.usage.completion_tokens)
-            return JSONResponse(completion(flight.request_id, body.model, result).model_dump())
+            answer = completion(flight.request_id, body.model, result).model_dump()
+            return JSONResponse(answer, headers=server_timing(result))
         first = await flight.next(settings.first_frame_grace)
         if first is not None and first.type != "delta":
             raise failure(first)

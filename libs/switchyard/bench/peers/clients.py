@@ -10,6 +10,7 @@ worker and modelled timings in the final frame.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -54,8 +55,13 @@ async def http_chat(
         if r.status_code != 200:
             raise RequestFailed(f"HTTP {r.status_code}: {r.text[:300]}")
         data = r.json()
+        total = time.perf_counter() - started
+        hops = server_timing(r.headers.get("server-timing"))
+        if hops is not None:  # the rest of the client's wait: HTTP, the edge, the client
+            hops["http"] = max(0.0, total - sum(hops.values()))
         return Outcome(
-            total_s=time.perf_counter() - started,
+            total_s=total,
+            hops=hops,
             text=str(data["choices"][0]["message"]["content"]),
             backend_request_id=_request_id(data.get("id")),
             prompt_tokens=int((data.get("usage") or {}).get("prompt_tokens", 0)),
@@ -142,21 +148,23 @@ async def nats_generate(bus: Bus, req: GenerateRequest, timeout: float = 120.0) 
 
 
 def hops_of(route: Route | None, ended: float) -> dict[str, float] | None:
-    """Where a Switchyard request's time went, from the timestamps its result carries.
+    """Where a Switchyard request's time went (`Route.hops`), for a request that went the
+    whole way (admitted, dispatched and started)."""
+    if route is None or None in (route.admitted_at, route.dispatched_at, route.started_at):
+        return None
+    return route.hops(ended)
 
-    `to_router`: publish -> admitted by the router (REQ stream, router fetch);
-    `router`: admission -> published to WORK; `to_worker`: WORK -> the engine starts;
-    `engine`: start -> finish; `back`: finish -> the client read the end frame.
-    All on this machine's clock, so the differences are meaningful.
-    """
-    if route is None or route.admitted_at is None or route.dispatched_at is None:
+
+def server_timing(header: str | None) -> dict[str, float] | None:
+    """`Server-Timing: hop;dur=<ms>, ...` (the edge's answer) as seconds per hop."""
+    if not header:
         return None
-    if route.started_at is None:
-        return None
-    return {
-        "to_router": route.admitted_at - route.created_at,
-        "router": route.dispatched_at - route.admitted_at,
-        "to_worker": route.started_at - route.dispatched_at,
-        "engine": route.finished_at - route.started_at,
-        "back": ended - route.finished_at,
-    }
+    hops: dict[str, float] = {}
+    for part in header.split(","):
+        name, _, params = part.strip().partition(";")
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "dur":
+                with contextlib.suppress(ValueError):
+                    hops[name] = float(value) / 1000
+    return hops or None

@@ -27,6 +27,7 @@ import httpx
 from switchyard import eventloop
 from switchyard.bench.peers import peers, simfleet
 from switchyard.bench.peers.clients import Outcome, http_chat, nats_generate
+from switchyard.bench.peers.cpu import CpuMeter
 from switchyard.bench.peers.rounds import Send, interleave
 from switchyard.bench.peers.stats import Latency
 from switchyard.bench.peers.syfleet import POOL, TENANT, edge_headers, switchyard_fleet
@@ -58,7 +59,10 @@ class OverheadColumn:
     added_p99_ms: float
     errors: int
     first_error: str | None
-    hops_p50_ms: dict[str, float] | None = None  # Switchyard over NATS: median per hop
+    hops_p50_ms: dict[str, float] | None = None  # Switchyard: median per hop
+    # CPU milliseconds per request, per process (the load generator included), measured
+    # while this column ran alone; processes idle meanwhile show their background cost.
+    cpu_ms_per_request: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
             try:
                 records = await interleave(
                     columns, per_column=cfg.requests, block=cfg.block,
-                    concurrency=cfg.concurrency, warmup=cfg.warmup,
+                    concurrency=cfg.concurrency, warmup=cfg.warmup, meter=CpuMeter().snapshot,
                 )  # fmt: skip
             finally:
                 for http in clients.values():
@@ -146,6 +150,7 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
             added_p99_ms=round(lat.p99_ms - base.p99_ms, 3),
             errors=len(rec.errors), first_error=rec.errors[0] if rec.errors else None,
             hops_p50_ms=_hops_p50(rec.outcomes),
+            cpu_ms_per_request=rec.cpu_ms_per_request(),
         )  # fmt: skip
     return OverheadResult(cfg, out, round(time.perf_counter() - started, 1))
 

@@ -32,6 +32,25 @@ def overhead_table(result: OverheadResult, versions: dict[str, str]) -> Table:
     return table
 
 
+# A process that used less than this per request while a column ran is left out of its
+# row (background: heartbeats, idle pulls).
+CPU_SHOWN_MS = 0.02
+
+
+def cpu_table(result: OverheadResult) -> Table:
+    """CPU ms per request, a row per process, a column per path (each path measured while
+    it ran alone; a process idle meanwhile shows its background cost)."""
+    cols = {k: c.cpu_ms_per_request or {} for k, c in result.columns.items()}
+    procs = sorted({p for per in cols.values() for p, ms in per.items() if ms >= CPU_SHOWN_MS})
+    table = Table("process", *cols, title="CPU ms per request, per process")
+    for proc in procs:
+        cells = [f"{per[proc]:.2f}" if per.get(proc, 0.0) >= CPU_SHOWN_MS else "" for per in
+                 cols.values()]  # fmt: skip
+        table.add_row(proc, *cells)
+    table.add_row("total", *(f"{sum(per.values()):.2f}" for per in cols.values()), style="bold")
+    return table
+
+
 ROUTING_ROWS: list[tuple[str, Callable[[PolicyRow], str]]] = [
     ("prefix hit rate", lambda r: f"{r.prefix_hit_rate:.1%}"),
     ("TTFT p50 / p99 ms (wall)", lambda r: f"{r.ttft.p50_ms:.0f} / {r.ttft.p99_ms:.0f}"),
@@ -188,6 +207,7 @@ def print_tables(
 ) -> None:  # fmt: skip
     if overhead is not None:
         console.print(overhead_table(overhead, versions))
+        console.print(cpu_table(overhead))
         for k, c in overhead.columns.items():
             if c.hops_p50_ms:
                 hops = ", ".join(f"{h} {ms:.1f}" for h, ms in c.hops_p50_ms.items())

@@ -4,7 +4,9 @@ Each round runs one block of every column, one column at a time, at the same fix
 concurrency; the order rotates each round, so slow phases of the machine (another
 process's burst, a GC, thermal) are spread over every column alike. A column's latency
 is pooled over its blocks; its throughput is the median of its blocks' requests/s, each
-measured while it ran alone at that concurrency.
+measured while it ran alone at that concurrency. With a `meter` (CPU seconds per
+process, `cpu.CpuMeter.snapshot`), each block's CPU time is booked to its column, so a
+column's CPU per request per process is measured while it ran alone too.
 """
 
 from __future__ import annotations
@@ -25,10 +27,17 @@ class ColumnRecord:
     outcomes: list[Outcome] = field(default_factory=list)
     block_rps: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    cpu_s: dict[str, float] = field(default_factory=dict)  # per process, over its blocks
+    sent: int = 0
 
     @property
     def rps(self) -> float:
         return statistics.median(self.block_rps) if self.block_rps else 0.0
+
+    def cpu_ms_per_request(self) -> dict[str, float]:
+        if not self.sent:
+            return {}
+        return {k: round(v * 1000 / self.sent, 3) for k, v in sorted(self.cpu_s.items())}
 
 
 async def run_block(
@@ -58,9 +67,13 @@ async def run_block(
     return ok / took if took > 0 else 0.0
 
 
+Meter = Callable[[], dict[str, float]]  # CPU seconds so far, per process
+
+
 async def interleave(
-    columns: dict[str, Send], *, per_column: int, block: int, concurrency: int, warmup: int
-) -> dict[str, ColumnRecord]:
+    columns: dict[str, Send], *, per_column: int, block: int, concurrency: int, warmup: int,
+    meter: Meter | None = None,
+) -> dict[str, ColumnRecord]:  # fmt: skip
     names = list(columns)
     for name in names:  # warm connections, JIT-free but cache-full paths, lazy imports
         await run_block(columns[name], range(-warmup, 0), concurrency, None)
@@ -70,6 +83,12 @@ async def interleave(
         lo, hi = r * block, min(per_column, (r + 1) * block)
         for k in range(len(names)):
             name = names[(r + k) % len(names)]
-            rps = await run_block(columns[name], range(lo, hi), concurrency, records[name])
-            records[name].block_rps.append(rps)
+            rec = records[name]
+            before = meter() if meter is not None else {}
+            rps = await run_block(columns[name], range(lo, hi), concurrency, rec)
+            rec.block_rps.append(rps)
+            rec.sent += hi - lo
+            if meter is not None:
+                for proc, seconds in meter().items():
+                    rec.cpu_s[proc] = rec.cpu_s.get(proc, 0.0) + seconds - before.get(proc, 0.0)
     return records
