@@ -214,7 +214,7 @@ async def run_agent(bus: Bus, stop: asyncio.Event, settings: PreprocessorSetting
     loop = PullLoop(
         bus.js, "INGRESS", AGENT_DURABLE, on_step, on_give_up=on_give_up,
         retry=RetryPolicy(settings.max_attempts + 1), ack_wait=settings.ingress_ack_wait,
-        max_inflight=settings.concurrency, pull_expires=0.25,
+        max_inflight=settings.concurrency,
     )  # fmt: skip
     task = asyncio.create_task(loop.run())
     try:

@@ -45,7 +45,7 @@ async def run_chat(bus: Bus, stop: asyncio.Event, settings: PreprocessorSettings
     loop = PullLoop(
         bus.js, "INGRESS", CHAT_DURABLE, on_chat, on_give_up=on_give_up,
         retry=RetryPolicy(settings.max_attempts + 1), ack_wait=settings.ingress_ack_wait,
-        max_inflight=settings.concurrency, pull_expires=0.25,
+        max_inflight=settings.concurrency,
     )  # fmt: skip
     task = asyncio.create_task(loop.run())
     await stop.wait()

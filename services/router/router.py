@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
+from nats.js.api import PubAck
 
 from services.router import metrics
 from services.router.fleet import Fleet
@@ -33,7 +34,7 @@ from switchyard import subjects
 from switchyard.answers import answer, result_for
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import Puller, dead_letter
-from switchyard.bus.publish import publish
+from switchyard.bus.publish import trace_headers
 from switchyard.bus.topology import ROUTER_DURABLE
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError
@@ -124,6 +125,7 @@ class Router:
         self.labels = metrics.tenant_labels(settings.top_tenants)
         self.queue_gauges = metrics.QueueGauges(self.labels)
         self.wake = asyncio.Event()
+        self.settling: set[asyncio.Task[None]] = set()  # dispatches awaiting WORK's ack
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -168,7 +170,7 @@ class Router:
         router stops) is redelivered after its ack wait."""
         arrived: asyncio.Queue[Msg] = asyncio.Queue()
         puller = Puller(self.bus.js, "REQ", ROUTER_DURABLE, arrived.put_nowait,
-                        lambda: self.s.fetch_batch - arrived.qsize(), expires=0.5)  # fmt: skip
+                        lambda: self.s.fetch_batch - arrived.qsize())  # fmt: skip
         pulling = asyncio.create_task(puller.run())
         try:
             while not stop.is_set():
@@ -346,60 +348,93 @@ class Router:
 
         while (item := self.queue.pick(can_run, warm)) is not None:
             decision = decided[item.request_id]  # `pick` only returns what `can_run` accepted
-            if not await self._dispatch(item, decision):
-                return
+            sent = await self._dispatch(item, decision)
+            if sent is None:
+                return  # the bus refused the publish: try again next round
+            if not sent:
+                continue  # refused at dispatch: no load taken
             req = item.payload.req
             was = loads[req.pool][decision.worker]  # this dispatch adds load and takes credit
             loads[req.pool][decision.worker] = dataclasses.replace(
                 was, load=was.load + decision.work, credit=was.credit - 1
             )
 
-    async def _dispatch(self, item: Item[Queued], decision: Decision) -> bool:
+    async def _dispatch(self, item: Item[Queued], decision: Decision) -> bool | None:
+        """Publish `item` on WORK without waiting for the stream's ack (`_settle` waits, in
+        its own task, then acks REQ), so one round sends its requests back to back instead
+        of one per round trip. False: refused here instead; None: the publish failed (the
+        item is back at the head of the queue)."""
         req, msg = item.payload.req, item.payload.msg
         worker = decision.worker
         owned = self.placements[req.pool].partitions_of(worker)
         part = delivery_partition(owned, self._key(req, item.payload.blocks), self.s.partitions)
         now = time.time()
-        label = self.labels.peek(req.tenant)  # its traffic was counted at admission
         with bind_request(req.id, req.tenant, req.trace):
             refusal = verdict(req, now, newest=self.newest.newest(req), where="at dispatch")
             if refusal is not None:
                 self.admission.finished(req.id, None)
                 await self._refuse(req, msg, refusal)
-                return True
+                return False
+            # The worker reports admission -> dispatch as the router's queueing time.
+            sent = req.model_copy(
+                update={"dispatched_at": now, "partition": part, "routed_to": worker}
+            )
+            # Registered before the publish: a fast engine can answer, and `_on_result` run,
+            # while the ack is still awaited; a result for a request not yet registered was
+            # dropped and its credit and concurrency held forever.
+            self.outstanding[req.id] = Outstanding(
+                req.pool, worker, req.tenant, req.sampling.max_tokens, decision.work, now,
+            )  # fmt: skip
+            # Committed now, not at the ack: the next pick of this round must see where
+            # this session and prefix went.
+            self.affinity[req.pool].commit(decision, item.payload.blocks, now)
             try:
-                # The worker reports admission -> dispatch as the router's queueing time.
-                sent = req.model_copy(
-                    update={"dispatched_at": now, "partition": part, "routed_to": worker}
-                )
-                # Registered before the publish: a fast engine can answer, and `_on_result`
-                # run, while the publish and the ack are still awaited; a result for a request
-                # not yet registered was dropped and its credit and concurrency held forever.
-                self.outstanding[req.id] = Outstanding(
-                    req.pool, worker, req.tenant, req.sampling.max_tokens,
-                    decision.work, now,
+                stored = await self.bus.js.publish_async(
+                    subjects.work(req.pool, part), encode(sent),
+                    headers=trace_headers(sent, req.id),
                 )  # fmt: skip
-                await publish(self.bus.js, subjects.work(req.pool, part), sent, msg_id=req.id)
+            except Exception as exc:
+                self._undispatch(item, exc)
+                return None
+        task = asyncio.create_task(self._settle(item, decision, stored, now))
+        self.settling.add(task)  # held until done: the loop keeps weak references
+        task.add_done_callback(self.settling.discard)
+        return True
+
+    async def _settle(
+        self, item: Item[Queued], decision: Decision, stored: asyncio.Future[PubAck], at: float
+    ) -> None:
+        """WORK stored it: ack REQ (only now: a router crash before this loses nothing, the
+        WORK dedupe by request id stops a second dispatch) and book the dispatch."""
+        req, msg = item.payload.req, item.payload.msg
+        label = self.labels.peek(req.tenant)  # its traffic was counted at admission
+        with bind_request(req.id, req.tenant, req.trace):
+            try:
+                await asyncio.wait_for(stored, self.s.work_publish_timeout)
                 await msg.ack()
             except Exception as exc:
-                self.outstanding.pop(req.id, None)
-                log.warning("router.dispatch_failed", error=repr(exc))
-                self.queue.requeue(item)  # try again next round, at the head
-                return False
+                self._undispatch(item, exc)
+                self.wake.set()  # a round to send it again
+                return
             self.admission.dispatched(req.id)
-            self.affinity[req.pool].commit(decision, item.payload.blocks, now)
             if req.session:
-                self.warm[route_id(req.tenant, req.session)] = now
+                self.warm[route_id(req.tenant, req.session)] = at
                 if decision.write:
-                    self.sessions.record(req.pool, req.tenant, req.session, decision, now)
-            metrics.QUEUE_WAIT.labels(label).observe(now - item.enqueued_at)
-            metrics.TIME_IN_ROUTER.observe(now - item.payload.received)
+                    self.sessions.record(req.pool, req.tenant, req.session, decision, at)
+            metrics.QUEUE_WAIT.labels(label).observe(at - item.enqueued_at)
+            metrics.TIME_IN_ROUTER.observe(at - item.payload.received)
             metrics.ROUTE.labels(req.pool, decision.reason).inc()
             if decision.reason in ("dead", "drain", "load"):
-                log.info("router.session_moved", session=req.session, worker=worker,
+                log.info("router.session_moved", session=req.session, worker=decision.worker,
                          reason=decision.reason)  # fmt: skip
-            log.debug("router.dispatched", worker=worker, partition=part, reason=decision.reason)
-        return True
+            log.debug("router.dispatched", worker=decision.worker, partition=req.partition,
+                      reason=decision.reason)  # fmt: skip
+
+    def _undispatch(self, item: Item[Queued], exc: Exception) -> None:
+        """The WORK publish failed: back to the head of the queue for a later round."""
+        self.outstanding.pop(item.request_id, None)
+        log.warning("router.dispatch_failed", error=repr(exc))
+        self.queue.requeue(item)
 
     async def _sweep(self) -> None:
         """Answer queued requests that went stale, expired or waited too long."""

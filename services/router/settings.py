@@ -49,4 +49,7 @@ class RouterSettings(Settings):
     warm_seconds: float = Field(default=30.0, gt=0, description="a session stays warm this long")
     req_ack_wait: float = Field(default=30.0, gt=0)
     fetch_batch: int = Field(default=256, ge=1, le=10_000)
+    # How long a dispatch waits for WORK to store it before the request is queued again
+    # (a retried publish is stored once: WORK dedupes by request id).
+    work_publish_timeout: float = Field(default=10.0, gt=0)
     top_tenants: int = Field(default=20, ge=1, description="tenants labelled in metrics")

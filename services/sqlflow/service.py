@@ -142,7 +142,7 @@ async def run_sqlflow(
     loop = PullLoop(
         bus.js, "INGRESS", DURABLE, on_ask, on_give_up=on_give_up,
         retry=RetryPolicy(settings.max_attempts + 1), ack_wait=settings.ingress_ack_wait,
-        max_inflight=settings.concurrency, pull_expires=0.25,
+        max_inflight=settings.concurrency,
         drain_timeout=settings.drain_timeout,
     )  # fmt: skip
     task = asyncio.create_task(loop.run())

@@ -67,7 +67,6 @@ class Ownership:
             ack_wait=self.s.work_ack_wait,
             max_inflight=self.s.credit,
             drain_timeout=self.s.drain_timeout,
-            pull_expires=self.s.pull_expires,
             on_give_up=self.on_give_up,
         )
         task = asyncio.create_task(loop.run())

@@ -30,8 +30,6 @@ class WorkerSettings(Settings):
     credit: int = Field(default=4, ge=1, le=256)
     heartbeat_interval: float = Field(default=2.0, gt=0)
     drain_timeout: float = Field(default=30.0, gt=0)
-    # How long a pull waits for work; also how quickly a moved partition is let go.
-    pull_expires: float = Field(default=0.25, gt=0)
     # Longest wait for a moved partition's previous owner to stop pulling it.
     handoff_timeout: float = Field(default=10.0, gt=0)
     # Attempts before a failing request is dead-lettered (the consumer's max_deliver - 1).

@@ -78,6 +78,36 @@ async def test_publish_pull_ack(bus: Bus, unique: str) -> None:
     assert (await bus.js.stream_info(stream)).state.messages == 0  # work queue: acked = gone
 
 
+async def test_a_stopped_consumer_strands_nothing_on_its_pull(bus: Bus, unique: str) -> None:
+    """A puller keeps a long pull outstanding (`PULL_EXPIRES`); once it stops, the server
+    forgets that pull with the interest in its reply subject, so a message published
+    afterwards waits for the next consumer instead of going to a closed inbox and sitting
+    out its ack wait (30 s here)."""
+    stream, subject, durable = await scratch_stream(bus.js, unique)
+    seen: list[Msg] = []
+
+    async def handle(msg: Msg) -> None:
+        seen.append(msg)
+
+    first = PullLoop(bus.js, stream, durable, handle, retry=RetryPolicy(4), ack_wait=30)
+    running = asyncio.create_task(first.run())
+    await until(
+        lambda: _waiting(bus, stream, durable), timeout=5, what="the first loop's pull"
+    )
+    first.stop()
+    await running
+    await publish(bus.js, subject, Cancel(tenant="t1", request_id="R-after"))
+    info = await bus.js.consumer_info(stream, durable)
+    assert (info.num_ack_pending, info.num_pending, info.num_waiting) == (0, 1, 0)
+    second = PullLoop(bus.js, stream, durable, handle, retry=RetryPolicy(4), ack_wait=30)
+    await _run_until(second, lambda: second.processed == 1, timeout=10)  # not the ack wait
+    assert len(seen) == 1 and second.processed == 1
+
+
+async def _waiting(bus: Bus, stream: str, durable: str) -> bool:
+    return (await bus.js.consumer_info(stream, durable)).num_waiting == 1
+
+
 async def test_msg_id_dedupe_within_window(bus: Bus, unique: str) -> None:
     stream, subject, _ = await scratch_stream(bus.js, unique)
     m = Cancel(tenant="t1", request_id="R1")
@@ -100,7 +130,7 @@ async def test_transient_error_naks_and_retries(bus: Bus, unique: str) -> None:
 
     loop = PullLoop(
         bus.js, stream, durable, flaky,
-        retry=RetryPolicy(4, backoff_base=0.2), ack_wait=5, pull_expires=0.2,
+        retry=RetryPolicy(4, backoff_base=0.2), ack_wait=5,
     )  # fmt: skip
     await _run_until(loop, lambda: loop.processed == 1)
     assert len(attempts) == 3
@@ -119,7 +149,7 @@ async def test_dead_letter_after_max_deliver_with_reason(bus: Bus, unique: str) 
 
     loop = PullLoop(
         bus.js, stream, durable, always_fails,
-        retry=RetryPolicy(3, backoff_base=0.05), ack_wait=5, pull_expires=0.2,
+        retry=RetryPolicy(3, backoff_base=0.05), ack_wait=5,
     )  # fmt: skip
     task = asyncio.create_task(loop.run())
     letter_msg = await dlq_sub.next_msg(timeout=10)
@@ -144,9 +174,7 @@ async def test_undecodable_payload_is_dead_lettered_at_once(bus: Bus, unique: st
         calls += 1
         decode(msg.data, Cancel)
 
-    loop = PullLoop(
-        bus.js, stream, durable, handle, retry=RetryPolicy(4), ack_wait=5, pull_expires=0.2
-    )
+    loop = PullLoop(bus.js, stream, durable, handle, retry=RetryPolicy(4), ack_wait=5)
     task = asyncio.create_task(loop.run())
     letter = decode((await dlq_sub.next_msg(timeout=10)).data, DeadLetter)
     loop.stop()

@@ -40,7 +40,6 @@ async def main(
         retry=RetryPolicy(max_deliver=10),
         ack_wait=ack_wait,
         max_inflight=1,
-        pull_expires=0.2,
     )
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, loop.stop)
     with log.open("a") as f:

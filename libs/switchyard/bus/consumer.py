@@ -57,9 +57,18 @@ class RetryPolicy:
 
 # Pull-request status codes (JetStream sends them to the request's reply subject).
 _HEARTBEAT = "100"
+# How long a pull stays outstanding. Long, because an idle consumer costs one pull and one
+# `408` per `expires` (a worker holds 64 of them) and nothing else: a stopped puller's pull
+# does not linger (the server drops a waiting pull whose reply subject lost its interest;
+# `tests/integration/test_bus.py` checks that on both NATS versions) and a reconnect
+# re-pulls at once (`RECONNECT_CHECK`).
+PULL_EXPIRES = 30.0
 # A pull stays outstanding this much past its `expires` before it is presumed lost (its
-# server restarted, the client reconnected) and asked again.
+# consumer was recreated, its server lost it without a reconnect) and asked again.
 LOST_PULL_GRACE = 2.0
+# How often an outstanding pull checks whether the connection reconnected since it was
+# sent: a new server has no record of it, so it is asked again.
+RECONNECT_CHECK = 0.5
 
 
 class Puller:
@@ -72,13 +81,12 @@ class Puller:
     message that arrived while it waits for the rest until the pull expires, and topping
     a batch up costs a no-wait request, a lingering one and two status replies per
     handful (most of the NATS server's work per request in `sy bench peers overhead`).
-    Here a message costs the server one delivery, and an idle consumer one pull and one
-    `408` per `expires`.
+    Here a message costs the server one delivery.
 
     Each request has its own reply subject (`<inbox>.<n>`), so a late status of an
-    earlier request (after a reconnect) never ends the current one. `expires` is also
-    how long `stop()` may wait for the request in flight: what it still delivers is
-    handed to `deliver` as usual, never stranded on a closed inbox until `ack_wait`.
+    earlier request (after a reconnect) never ends the current one. `stop()` drains the
+    subscription: a message already on its way is still handed to `deliver`, and the
+    server forgets the pull in flight with the interest in its reply subject.
     """
 
     def __init__(
@@ -89,7 +97,7 @@ class Puller:
         deliver: Callable[[Msg], None],
         room: Callable[[], int],
         *,
-        expires: float,
+        expires: float = PULL_EXPIRES,
     ) -> None:
         self.nc = js._nc  # the connection the context publishes on
         self.next_subject = f"{js._prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"
@@ -100,6 +108,7 @@ class Puller:
         self._request = 0  # the current request's number (its reply subject's last token)
         self._remaining = 0  # messages the current request may still deliver
         self._lost_at = 0.0  # monotonic: when the current request is presumed lost
+        self._reconnects = 0  # the connection's reconnect count when it was sent
         self._changed = asyncio.Event()
         self._stopping = False
         self._refused = False
@@ -114,42 +123,43 @@ class Puller:
         self._changed.set()
 
     async def run(self) -> None:
-        """Until `stop()`, then until the request in flight is spent (at most `expires`)."""
+        """Until `stop()` (or cancelled); then the subscription is drained."""
         self._sub = await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_msg)
         try:
-            while True:
+            while not self._stopping:
                 now = time.monotonic()
-                if self._remaining and now >= self._lost_at:
-                    self._remaining = 0  # lost with its server or connection
+                if self._remaining and (
+                    now >= self._lost_at or self.nc.stats["reconnects"] != self._reconnects
+                ):
+                    self._remaining = 0  # lost with its server or connection: ask again
                 if not self._remaining:
-                    if self._stopping:
-                        return
                     if self._refused:  # the server said no (no consumer, ...): not in a spin
                         self._refused = False
-                        await asyncio.sleep(min(self.expires, 1.0))
+                        await asyncio.sleep(1.0)
                         continue
                     if (n := self.room()) > 0:
                         await self._pull(n)
                         continue
                 self._changed.clear()
-                wait = self._lost_at - now if self._remaining else None
+                wait = RECONNECT_CHECK if self._remaining else None
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), wait)
         finally:
             with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+                await self._sub.drain()  # type: ignore[no-untyped-call]
 
     async def _pull(self, batch: int) -> None:
         self._request += 1
         self._remaining = batch
         self._lost_at = time.monotonic() + self.expires + LOST_PULL_GRACE
+        self._reconnects = self.nc.stats["reconnects"]
         body = b'{"batch":%d,"expires":%d}' % (batch, int(self.expires * 1e9))
         try:
             await self.nc.publish(self.next_subject, body, f"{self._inbox}.{self._request}")
         except UNAVAILABLE as exc:
             log.warning("bus.pull_failed", subject=self.next_subject, error=repr(exc))
             self._remaining = 0
-            await asyncio.sleep(min(self.expires, 1.0))
+            await asyncio.sleep(1.0)
 
     async def _on_msg(self, msg: Msg) -> None:
         status = (msg.headers or {}).get(api.Header.STATUS)
@@ -214,7 +224,6 @@ class PullLoop:
         retry: RetryPolicy,
         ack_wait: float,
         max_inflight: int = 1,
-        pull_expires: float = 1.0,
         drain_timeout: float = 30.0,
         on_give_up: GiveUp | None = None,
     ) -> None:
@@ -225,7 +234,6 @@ class PullLoop:
         self.retry = retry
         self.progress_every = max(0.05, ack_wait / 3)
         self.max_inflight = max_inflight
-        self.pull_expires = pull_expires  # also the longest a stop waits for the last pull
         self.drain_timeout = drain_timeout
         self.on_give_up = on_give_up
         self._inflight: set[asyncio.Task[None]] = set()
@@ -244,13 +252,12 @@ class PullLoop:
         return len(self._inflight)
 
     async def run(self) -> None:
-        puller = Puller(self.js, self.stream, self.durable, self._start, lambda: self._free,
-                        expires=self.pull_expires)  # fmt: skip
+        puller = Puller(self.js, self.stream, self.durable, self._start, lambda: self._free)
         self._puller = puller
         if self._stopping.is_set():
             puller.stop()
         try:
-            await puller.run()  # after stop(): once the pull in flight is spent
+            await puller.run()
         except nats.errors.ConnectionClosedError:
             pass
         finally:
