@@ -91,9 +91,7 @@ async def test_a_stopped_consumer_strands_nothing_on_its_pull(bus: Bus, unique: 
 
     first = PullLoop(bus.js, stream, durable, handle, retry=RetryPolicy(4), ack_wait=30)
     running = asyncio.create_task(first.run())
-    await until(
-        lambda: _waiting(bus, stream, durable), timeout=5, what="the first loop's pull"
-    )
+    await until(lambda: _waiting(bus, stream, durable), timeout=5, what="the first loop's pull")
     first.stop()
     await running
     await publish(bus.js, subject, Cancel(tenant="t1", request_id="R-after"))
