@@ -281,7 +281,7 @@ class PullLoop:
             await asyncio.wait(late)
 
     async def _handle(self, msg: Msg) -> None:
-        keepalive = asyncio.create_task(self._keep_alive(msg))
+        keepalive = _KeepAlive(msg, self.progress_every)
         try:
             delivered = msg.metadata.num_delivered
             if delivered >= self.retry.max_deliver:
@@ -324,8 +324,27 @@ class PullLoop:
             except Exception as exc:  # the dead letter is stored; telling the caller is best effort
                 log.warning("bus.give_up_hook_failed", error=repr(exc))
 
-    async def _keep_alive(self, msg: Msg) -> None:
-        while True:
-            await asyncio.sleep(self.progress_every)
-            with contextlib.suppress(Exception):
-                await msg.in_progress()
+
+class _KeepAlive:
+    """`in_progress()` for `msg` every `every` seconds until cancelled: a timer, not a task,
+    so the many messages handled faster than `every` cost one timer each and nothing else."""
+
+    def __init__(self, msg: Msg, every: float) -> None:
+        self.msg = msg
+        self.every = every
+        self._loop = asyncio.get_running_loop()
+        self._handle: asyncio.TimerHandle | None = self._loop.call_later(every, self._due)
+        self._sending: asyncio.Task[None] | None = None
+
+    def _due(self) -> None:
+        self._sending = self._loop.create_task(self._send())
+        self._handle = self._loop.call_later(self.every, self._due)
+
+    async def _send(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.msg.in_progress()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
