@@ -89,6 +89,7 @@ class Runner:
         self.on_engine_dead = on_engine_dead
         self.dead: EngineDead | None = None  # the engine's death, once seen
         self.running: set[str] = set()
+        self.handling: dict[str, asyncio.Future[None]] = {}  # request id -> done, per delivery
         # Agent steps on the engine that have not produced a token yet, per session
         # (tenant, session) -> {request id: step}: every router's notice looks one up.
         self.unbegun: dict[tuple[str, str], dict[str, int]] = {}
@@ -130,6 +131,21 @@ class Runner:
             await self.engine.abort(request_id)
 
     async def handle(self, req: GenerateRequest, attempt: int = 1) -> None:
+        first = self.handling.get(req.id)
+        if first is not None:
+            # Delivered again while it runs here (its keepalive came late, past WORK's short
+            # ack wait): the first run answers; this delivery is settled when it has.
+            await asyncio.shield(first)
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.handling[req.id] = done
+        try:
+            await self._handle(req, attempt)
+        finally:
+            del self.handling[req.id]
+            done.set_result(None)
+
+    async def _handle(self, req: GenerateRequest, attempt: int) -> None:
         with bind_request(req.id, req.tenant, req.trace):
             writer = TokenStreamWriter(self.nc, req.reply, attempt=attempt) if req.reply else None
             outcome = await self._run(req, writer)

@@ -34,4 +34,5 @@ class WorkerSettings(Settings):
     handoff_timeout: float = Field(default=10.0, gt=0)
     # Attempts before a failing request is dead-lettered (the consumer's max_deliver - 1).
     max_attempts: int = Field(default=5, ge=1)
-    work_ack_wait: float = Field(default=30.0, gt=0)
+    # The WORK consumers' ack wait (the topology's, same variable): in_progress() every third.
+    work_ack_wait: float = Field(default=5.0, gt=0)

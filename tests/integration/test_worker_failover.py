@@ -6,13 +6,20 @@ import asyncio
 import signal
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
 
+import yaml
 from nats.aio.msg import Msg
 
+from services.worker.runner import Runner
 from switchyard.bus.connection import Bus
 from switchyard.bus.publish import publish
-from switchyard.bus.topology import ASSIGNMENTS_BUCKET
+from switchyard.bus.tokenstream import TokenStreamReader
+from switchyard.bus.topology import ASSIGNMENTS_BUCKET, TopologySettings
 from switchyard.codec import decode, encode
+from switchyard.engines.base import Delta, EngineRequest
+from switchyard.engines.sim import SimEngine, SimSettings
 from switchyard.fleet.readiness import PoolReady, wait_for_pools
 from switchyard.messages.fleet import Assignment, assignment_key
 from switchyard.messages.inference import (
@@ -23,7 +30,14 @@ from switchyard.messages.inference import (
     TokenFrame,
 )
 from switchyard.partition import partition
-from tests.support.fleet import provision_pool, work_subject, worker_process
+from tests.support.fleet import (
+    provision_pool,
+    router_in_process,
+    service_process,
+    wait_for_pool,
+    work_subject,
+    worker_process,
+)
 from tests.support.poll import until
 
 
@@ -104,3 +118,122 @@ async def test_kill_9_mid_flight_loses_nothing_and_answers_once(
     assert set(results) == ids, f"lost: {ids - set(results)}"
     assert all(n == 1 for n in results.values()), results
     assert set(terminal) == ids and all(n == 1 for n in terminal.values()), terminal
+
+
+async def test_a_dead_workers_requests_run_again_within_the_heartbeat_ttl(
+    bus: Bus, unique: str, nats_url: str, tmp_path: Path
+) -> None:
+    """Issue #24: with the real router and the default WORK ack wait, the requests a worker
+    held when it was killed reach the survivor within the heartbeat TTL + 3 s of the kill
+    (before: after the 30 s ack wait), each answered exactly once."""
+    pool, tenant, parts = f"fo{unique}", f"t{unique}", 8
+    topo = TopologySettings()
+    await provision_pool(bus.js, pool, partitions=parts, ack_wait=topo.work_ack_wait)
+    policy = tmp_path / "tenants.yaml"
+    policy.write_text(yaml.safe_dump({
+        "default": {"itpm": 10**9, "otpm": 10**8, "max_queued_tokens": 10**9},
+    }))  # fmt: skip
+    env = {
+        "SY_ASSIGNMENT": "kv", "SY_POOL": pool, "SY_ENGINE": "sim", "SY_PARTITIONS": str(parts),
+        "SY_SIM_DELAY_SCALE": "1",
+    }  # fmt: skip
+    results: Counter[str] = Counter()
+
+    async def on_res(msg: Msg) -> None:
+        results[decode(msg.data, GenerateResult).request_id] += 1
+
+    res_sub = await bus.js.subscribe(f"res.llm.{tenant}", cb=on_res, ordered_consumer=True)
+    streaming: set[str] = set()
+    answered: dict[str, tuple[float, GenerateResult]] = {}
+
+    async def ask(req: GenerateRequest) -> None:
+        async with TokenStreamReader(bus.nc, idle_timeout=120) as reader:
+            await publish(
+                bus.js, f"req.llm.{tenant}", req.model_copy(update={"reply": reader.inbox})
+            )
+            async for frame in reader:
+                if frame.type == "delta":
+                    streaming.add(req.id)
+                elif frame.result is not None:
+                    answered[req.id] = (time.monotonic(), frame.result)
+
+    async with router_in_process(
+        nats_url, partitions=parts, pools=[pool], tenant_policy=policy, rebalance_interval=0.2
+    ):  # fmt: skip
+        a, b = f"{pool}-w0", f"{pool}-w1"
+        with (
+            service_process("worker", nats_url, SY_WORKER_ID=a, **env) as doomed,
+            service_process("worker", nats_url, SY_WORKER_ID=b, **env),
+        ):
+            await wait_for_pool(bus.js, pool, 2, parts)
+            sampling = Sampling(max_tokens=250, temperature=0.0, seed=1)
+            reqs = [
+                GenerateRequest(
+                    tenant=tenant,
+                    workload="llm",
+                    pool=pool,
+                    sampling=sampling,
+                    prompt_tokens=8,
+                    messages=[ChatMessage(role="user", content=f"question {i}")],
+                )
+                for i in range(24)
+            ]
+            asking = [asyncio.create_task(ask(r)) for r in reqs]
+            # 250 tokens take the sim ~4 s: kill A once most requests are mid-answer.
+            await until(lambda: len(streaming) >= 20, timeout=60, what="requests streaming")
+            doomed.proc.send_signal(signal.SIGKILL)
+            killed_at = time.monotonic()
+            doomed.proc.wait(10)
+            await asyncio.wait_for(asyncio.gather(*asking), 120)
+            await asyncio.sleep(2.0)  # room for a duplicate answer to show up on RES
+    await res_sub.unsubscribe()
+    assert set(answered) == {r.id for r in reqs}
+    assert all((result.status == "ok" and result.worker == b) or result.worker == a
+               for _, result in answered.values())  # fmt: skip
+    held = [rid for rid, (_, result) in answered.items() if result.worker == b
+            and result.route is not None and result.route.routed_to == a]  # fmt: skip
+    assert held, "the killed worker held no request: the test proved nothing"
+    waits = sorted(answered[rid][0] - killed_at for rid in held)
+    assert waits[-1] <= topo.heartbeat_ttl + 3.0, waits
+    assert all(n == 1 for n in results.values()) and set(results) == set(answered), results
+
+
+async def test_a_request_delivered_again_while_it_runs_is_run_once(bus: Bus, unique: str) -> None:
+    """WORK's ack wait is short (5 s): a keepalive that comes late redelivers a request its
+    worker still runs. The second delivery waits for the first run and is settled with it:
+    the engine runs it once and it is answered once."""
+    pool, tenant = f"rd{unique}", f"t{unique}"
+    await provision_pool(bus.js, pool)
+    runs: list[str] = []
+
+    class Counting(SimEngine):
+        async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
+            runs.append(request.request_id)
+            async for delta in super().generate(request):
+                yield delta
+
+    engine = Counting(SimSettings(delay_scale=1.0))
+    await engine.start()
+    answers: Counter[str] = Counter()
+
+    async def on_res(msg: Msg) -> None:
+        answers[decode(msg.data, GenerateResult).request_id] += 1
+
+    res_sub = await bus.nc.subscribe(f"res.llm.{tenant}", cb=on_res)
+    try:
+        runner = Runner(bus.nc, bus.js, engine, f"{pool}-w0")
+        req = GenerateRequest(
+            tenant=tenant, workload="llm", pool=pool,
+            messages=[ChatMessage(role="user", content="a question")],
+            sampling=Sampling(max_tokens=40, temperature=0.0, seed=1),
+        )  # fmt: skip
+        first = asyncio.create_task(runner.handle(req, attempt=1))
+        await until(lambda: req.id in runner.running, timeout=10, what="the first run")
+        await runner.handle(req, attempt=2)  # returns once the first run has answered
+        assert first.done() and first.exception() is None
+        await until(lambda: answers[req.id] >= 1, timeout=10, what="the answer on RES")
+        await asyncio.sleep(0.5)  # room for a second answer to show up
+    finally:
+        await res_sub.unsubscribe()
+        await engine.close()
+    assert runs == [req.id] and answers == Counter({req.id: 1}) and not runner.handling

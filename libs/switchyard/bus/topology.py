@@ -85,7 +85,12 @@ class TopologySettings(Settings):
     # a session that pauses longer restarts its window (services/preprocessor/window.py).
     agent_window_ttl: float = Field(default=120.0, gt=0)
     pools: list[str] = ["agent", "sql", "llm"]
-    work_ack_wait: float = Field(default=30.0, gt=0)
+    # How long a dead worker's requests wait before the next owner of their partition gets
+    # them: a live worker keeps each one it holds with `in_progress()` every third of this
+    # (`bus.consumer.PullLoop`), so it can be short. With a 10 s heartbeat TTL and a router
+    # declaring death after 6 s, a dead worker's requests run again within ~8 s (#24; at
+    # 30 s they waited ~30 s).
+    work_ack_wait: float = Field(default=5.0, gt=0)
     # How long a crashed router's queued requests wait before another router gets them.
     req_ack_wait: float = Field(default=30.0, gt=0)
     work_credit: int = Field(default=4, ge=1, le=256)
