@@ -1,14 +1,12 @@
 """One request's reply stream: publish with a reply inbox, then read frames with timeouts.
 
-A pump task drains the `TokenStreamReader` into a queue so the HTTP side can
-wait for the next frame with a short timeout (to send SSE heartbeats or watch
-for a client disconnect) without cancelling the reader mid-frame.
+The HTTP side waits for the next frame with a short timeout (to send SSE heartbeats or
+watch for a client disconnect): `TokenStreamReader.next(timeout)` keeps its place across
+such timeouts, so no pump task stands between the inbox and the route.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 
 from switchyard import subjects
@@ -19,8 +17,6 @@ from switchyard.codec import encode
 from switchyard.envelope import Envelope
 from switchyard.messages.inference import Cancel, GenerateResult, TokenFrame
 
-_Item = TokenFrame | BaseException
-
 
 class Reply:
     def __init__(self, bus: Bus, *, idle_timeout: float) -> None:
@@ -28,12 +24,10 @@ class Reply:
         self.reader = TokenStreamReader(bus.nc, idle_timeout=idle_timeout)
         self.request_id = ""
         self.tenant = ""
-        self.finished = False  # an end or error frame was seen
-        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._pump: asyncio.Task[None] | None = None
+        self.finished = False  # an end or error frame was seen, or the stream broke
 
     async def start(self, subject: str, message: Envelope) -> None:
-        """Subscribe, then publish `message` with `reply` set to our inbox."""
+        """Open the inbox, then publish `message` with `reply` set to it."""
         await self.reader.__aenter__()
         self.request_id, self.tenant = message.id, message.tenant
         sent = message.model_copy(update={"reply": self.reader.inbox})
@@ -42,27 +36,19 @@ class Reply:
         except BaseException:
             await self.reader.__aexit__(None, None, None)
             raise
-        self._pump = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        try:
-            async for frame in self.reader:
-                self._queue.put_nowait(frame)
-        except Exception as exc:  # StreamTimeout and friends reach the HTTP side as items
-            self._queue.put_nowait(exc)
 
     async def next(self, timeout: float | None) -> TokenFrame | None:
-        """The next frame, or None if none arrived within `timeout`. Raises a pump error."""
+        """The next frame, or None if none arrived within `timeout` (the HTTP side then
+        sends an SSE heartbeat or checks its client, and asks again: nothing is lost).
+        Raises what broke the stream (`StreamTimeout`, ...)."""
         try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except TimeoutError:
-            return None
-        if isinstance(item, BaseException):
+            frame = await self.reader.next(timeout)
+        except Exception:
             self.finished = True
-            raise item
-        if item.type != "delta":
+            raise
+        if frame is not None and frame.type != "delta":
             self.finished = True
-        return item
+        return frame
 
     async def cancel(self, reason: str = "client") -> None:
         """Tell the router and workers to stop (core NATS: fire and forget)."""
@@ -72,10 +58,6 @@ class Reply:
         await self.bus.nc.flush()
 
     async def close(self) -> None:
-        if self._pump is not None:
-            self._pump.cancel()
-            with contextlib.suppress(BaseException):
-                await self._pump
         await self.reader.__aexit__(None, None, None)
 
 

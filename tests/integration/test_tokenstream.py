@@ -118,3 +118,22 @@ async def test_a_taken_over_stream_continues_without_repeating_text(bus: Bus) ->
         frames = [f async for f in reader]
     assert "".join(f.text for f in frames if f.type == "delta") == "abcdef"
     assert frames[-1].type == "end"
+
+
+async def test_next_with_a_timeout_loses_nothing_and_idleness_still_ends_the_stream(
+    bus: Bus,
+) -> None:
+    """What the edge relies on between frames (SSE heartbeats, disconnect checks): a `next`
+    that times out returns None and the frames that come later arrive whole and in order;
+    silence past `idle_timeout` is still a `StreamTimeout`."""
+    async with TokenStreamReader(bus.nc, idle_timeout=0.6) as reader:
+        writer = TokenStreamWriter(bus.nc, reader.inbox, coalesce=0)
+        assert await reader.next(0.05) is None
+        await writer.delta("a")
+        await writer.delta("b")
+        got = [await reader.next(2), await reader.next(2)]
+        assert [f.text for f in got if f] == ["a", "b"]
+        assert await reader.next(0.05) is None
+        with pytest.raises(StreamTimeout):
+            while True:
+                await reader.next(0.1)

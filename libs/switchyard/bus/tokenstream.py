@@ -16,6 +16,7 @@ the authoritative text.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 import weakref
@@ -151,7 +152,8 @@ _INBOXES: weakref.WeakKeyDictionary[Client, _Inboxes] = weakref.WeakKeyDictionar
 
 
 class TokenStreamReader:
-    """Open it, then publish the request with `reply=reader.inbox`.
+    """Open it, then publish the request with `reply=reader.inbox`; read the frames in order
+    with `next(timeout)` (None: nothing yet, call again) or `async for frame in reader`.
 
     `async with TokenStreamReader(nc, idle_timeout=5) as stream:` … `async for frame in stream`.
     """
@@ -166,9 +168,18 @@ class TokenStreamReader:
         if inboxes is None:
             inboxes = _INBOXES[nc] = _Inboxes(nc)
         self._inboxes = inboxes
+        # In-order delivery across attempts (a request taken over by another worker).
+        self._ready: collections.deque[TokenFrame] = collections.deque()
+        self._held: dict[int, TokenFrame] = {}
+        self._expected = 0
+        self._attempt = 0
+        self._yielded_chars = 0  # of delta text, across attempts
+        self._replayed_chars = 0  # of the current attempt's delta text
+        self._heard = time.monotonic()  # the last frame (or the start): the idle clock
 
     async def __aenter__(self) -> TokenStreamReader:
         self.inbox, self._queue = await self._inboxes.open(self.max_frames)
+        self._heard = time.monotonic()
         return self
 
     async def __aexit__(
@@ -180,41 +191,67 @@ class TokenStreamReader:
         self._inboxes.close(self.inbox)
 
     async def __aiter__(self) -> AsyncIterator[TokenFrame]:
-        expected = 0
-        attempt = 0
-        yielded_chars = 0  # of delta text, across attempts
-        replayed_chars = 0  # of the current attempt's delta text
-        held: dict[int, TokenFrame] = {}
         while True:
-            try:
-                msg = await asyncio.wait_for(self._queue.get(), self.idle_timeout)
-            except TimeoutError:
-                raise StreamTimeout(
-                    f"token stream on {self.inbox} silent for {self.idle_timeout}s after "
-                    f"{expected} frame(s) without an end-of-stream frame"
-                ) from None
-            try:
-                frame = decode(msg.data, TokenFrame)
-            except DecodeError as exc:
-                frame = TokenFrame(
-                    seq=expected,
-                    type="error",
-                    error=ErrorInfo(code=exc.code, reason=f"undecodable frame: {exc.reason}"),
-                )
-            if frame.attempt < attempt:
-                continue  # a late frame of an attempt that was taken over
-            if frame.attempt > attempt:
-                attempt, expected, replayed_chars, held = frame.attempt, 0, 0, {}
-            held[frame.seq] = frame
-            while expected in held:
-                ready = held.pop(expected)
-                expected += 1
-                if ready.type == "delta":
-                    start, replayed_chars = replayed_chars, replayed_chars + len(ready.text)
-                    if replayed_chars <= yielded_chars:
-                        continue  # already yielded by an earlier attempt
-                    ready = ready.model_copy(update={"text": ready.text[yielded_chars - start :]})
-                    yielded_chars = replayed_chars
-                yield ready
-                if ready.type != "delta":
-                    return
+            frame = await self.next()
+            if frame is None:  # pragma: no cover - next() without a timeout never says None
+                continue
+            yield frame
+            if frame.type != "delta":
+                return
+
+    async def next(self, timeout: float | None = None) -> TokenFrame | None:
+        """The next frame in order, or None if none is ready within `timeout`; raises
+        `StreamTimeout` once the stream has been silent for `idle_timeout`. Safe to call
+        again after None: a timeout loses nothing."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._ready:
+            if self._queue.empty():
+                now = time.monotonic()
+                idle_left = self._heard + self.idle_timeout - now
+                if idle_left <= 0:
+                    raise StreamTimeout(
+                        f"token stream on {self.inbox} silent for {self.idle_timeout}s after "
+                        f"{self._expected} frame(s) without an end-of-stream frame"
+                    )
+                wait = idle_left if deadline is None else min(idle_left, deadline - now)
+                if wait <= 0:
+                    return None
+                try:
+                    async with asyncio.timeout(wait):
+                        msg = await self._queue.get()
+                except TimeoutError:
+                    continue
+            else:
+                msg = self._queue.get_nowait()
+            self._heard = time.monotonic()
+            self._take(msg)
+        return self._ready.popleft()
+
+    def _take(self, msg: Msg) -> None:
+        """Order one arrived frame in; what is now in order goes to `_ready`."""
+        try:
+            frame = decode(msg.data, TokenFrame)
+        except DecodeError as exc:
+            frame = TokenFrame(
+                seq=self._expected,
+                type="error",
+                error=ErrorInfo(code=exc.code, reason=f"undecodable frame: {exc.reason}"),
+            )
+        if frame.attempt < self._attempt:
+            return  # a late frame of an attempt that was taken over
+        if frame.attempt > self._attempt:
+            self._attempt, self._expected, self._replayed_chars = frame.attempt, 0, 0
+            self._held = {}
+        self._held[frame.seq] = frame
+        while self._expected in self._held:
+            ready = self._held.pop(self._expected)
+            self._expected += 1
+            if ready.type == "delta":
+                start = self._replayed_chars
+                self._replayed_chars += len(ready.text)
+                if self._replayed_chars <= self._yielded_chars:
+                    continue  # already yielded by an earlier attempt
+                text = ready.text[self._yielded_chars - start :]
+                ready = ready.model_copy(update={"text": text})
+                self._yielded_chars = self._replayed_chars
+            self._ready.append(ready)
