@@ -155,6 +155,8 @@ class Router:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            if self.settling:  # dispatches whose WORK ack is on its way: ack REQ for them
+                await asyncio.wait(set(self.settling), timeout=self.s.work_publish_timeout)
             for sub in subs:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
