@@ -398,6 +398,7 @@ class Router:
             except Exception as exc:
                 self._undispatch(item, exc)
                 return None
+            log.debug("router.dispatched", worker=worker, partition=part, reason=decision.reason)
         task = asyncio.create_task(self._settle(item, decision, stored, now))
         self.settling.add(task)  # held until done: the loop keeps weak references
         task.add_done_callback(self.settling.discard)
@@ -429,8 +430,6 @@ class Router:
             if decision.reason in ("dead", "drain", "load"):
                 log.info("router.session_moved", session=req.session, worker=decision.worker,
                          reason=decision.reason)  # fmt: skip
-            log.debug("router.dispatched", worker=decision.worker, partition=req.partition,
-                      reason=decision.reason)  # fmt: skip
 
     def _undispatch(self, item: Item[Queued], exc: Exception) -> None:
         """The WORK publish failed: back to the head of the queue for a later round."""
