@@ -143,7 +143,8 @@ class Puller:
                 self._changed.clear()
                 wait = RECONNECT_CHECK if self._remaining else None
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), wait)
+                    async with asyncio.timeout(wait):  # a timer, not a task per wait
+                        await self._changed.wait()
         finally:
             with contextlib.suppress(Exception):
                 await self._sub.drain()  # type: ignore[no-untyped-call]

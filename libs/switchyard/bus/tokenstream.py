@@ -127,11 +127,12 @@ class _Inboxes:
         self._opening = asyncio.Lock()
 
     async def open(self, max_frames: int) -> tuple[str, asyncio.Queue[Msg]]:
-        async with self._opening:
-            if self._sub is None:
-                self._sub = await self.nc.subscribe(
-                    f"{self.prefix}.*", cb=self._route, pending_msgs_limit=-1
-                )
+        if self._sub is None:  # the first reader subscribes; the lock stops a second one
+            async with self._opening:
+                if self._sub is None:
+                    self._sub = await self.nc.subscribe(
+                        f"{self.prefix}.*", cb=self._route, pending_msgs_limit=-1
+                    )
         self._next += 1
         token = str(self._next)
         queue: asyncio.Queue[Msg] = asyncio.Queue(max_frames)
