@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from switchyard import subjects
-from switchyard.bus.publish import publish
+from switchyard.bus.publish import FAILOVER_PATIENCE, publish
 from switchyard.bus.tokenstream import TokenStreamWriter
 from switchyard.envelope import Envelope
 from switchyard.messages.inference import (
@@ -97,8 +97,9 @@ async def answer(
     """Publish `result` and end the reply stream (`writer`, if one is already open on
     `reply`); False if the request was already answered."""
     ack = await publish(
-        js, subjects.res(result.workload, result.tenant), result, msg_id=f"res-{result.request_id}"
-    )
+        js, subjects.res(result.workload, result.tenant), result,
+        msg_id=f"res-{result.request_id}", patience=FAILOVER_PATIENCE,
+    )  # fmt: skip
     if ack.duplicate:
         return False
     if writer is None and reply:

@@ -65,8 +65,14 @@ class Settings(BaseSettings):
                     )
         return self
 
+    def nats_servers(self) -> list[str]:
+        """`nats_url` may list several servers of one cluster, comma-separated: the client
+        tries them in turn when connecting and reconnecting (and learns the rest of the
+        cluster from the first server it reaches)."""
+        return [url.strip() for url in self.nats_url.split(",") if url.strip()]
+
     def nats_options(self) -> dict[str, Any]:
-        opts: dict[str, Any] = {"servers": [self.nats_url]}
+        opts: dict[str, Any] = {"servers": self.nats_servers()}
         if self.nats_user:
             opts["user"] = self.nats_user
             opts["password"] = self.nats_password.get_secret_value() if self.nats_password else None

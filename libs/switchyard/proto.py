@@ -18,7 +18,13 @@ from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.messages.agent import AgentStep
 from switchyard.messages.agentwindow import WindowFrame
 from switchyard.messages.deadletter import DeadLetter
-from switchyard.messages.fleet import Assignment, SessionRoute, TenantStatus, WorkerHeartbeat
+from switchyard.messages.fleet import (
+    Assignment,
+    RouterLease,
+    SessionRoute,
+    TenantStatus,
+    WorkerHeartbeat,
+)
 from switchyard.messages.idempotency import Claim
 from switchyard.messages.inference import (
     Cancel,
@@ -62,6 +68,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     Assignment,
     SessionRoute,
     TenantStatus,
+    RouterLease,
     Claim,
     WindowFrame,
 )
@@ -128,8 +135,12 @@ CHANNELS: tuple[Channel, ...] = (
             "Session -> worker, written by routers with create/compare-and-set (KV with TTL).",
             "KV fleet_sessions", ("router",), ("router",)),
     Channel("fleetTenants", "$KV.fleet_tenants.{tenant}.{router}", (TenantStatus,),
-            "Each tenant's usage at each router, every second (KV with TTL).", "KV fleet_tenants",
-            ("router",), ("edge",)),
+            "Each tenant's usage at the admitting router, every second (KV with TTL); a router "
+            "taking over the lease starts from it.", "KV fleet_tenants",
+            ("router",), ("edge", "router")),
+    Channel("fleetRouter", "$KV.fleet_router.pools.{pools}", (RouterLease,),
+            "The lease of the one router that admits for these pools (KV, create and "
+            "compare-and-set, TTL = the lease).", "KV fleet_router", ("router",), ("router",)),
     Channel("idempotency", "$KV.idempotency.{tenant}.{keyHash}", (Claim,),
             "Idempotency-Key -> the request that owns it and, once done, its result (KV, create).",
             "KV idempotency", ("edge",), ("edge",)),

@@ -65,7 +65,8 @@ class FleetStatus(BaseModel):
     at: float
     workers: list[WorkerRow]
     tenants: list[TenantStatus] = Field(
-        description="usage per (tenant, router): the key's tenant only, unless operator"
+        description="usage per tenant, from the router admitting it: the key's tenant only, "
+        "unless operator"
     )
 
 
@@ -104,11 +105,18 @@ async def read_workers(bus: Bus, now: float) -> list[WorkerRow]:
 
 
 async def read_tenants(bus: Bus, tenant: str | None) -> list[TenantStatus]:
-    """Tenant rows: only `<tenant>.*` keys when `tenant` is given (every row else)."""
+    """Tenant rows: only `<tenant>.*` keys when `tenant` is given (every tenant else), the
+    newest per tenant: one router admits at a time (services/router/leadership.py), so a
+    row of a router that lost or handed over the lease is history until its TTL ends."""
     rows = await _read_bucket(bus, TENANTS_BUCKET, f"{tenant}.*" if tenant else ">", TenantStatus)
     # The key filter already did it; a value naming another tenant would be a bug upstream.
-    rows = [r for r in rows if tenant is None or r.tenant == tenant]
-    return sorted(rows, key=lambda r: (r.tenant, r.router))
+    newest: dict[str, TenantStatus] = {}
+    for row in rows:
+        if (tenant is None or row.tenant == tenant) and (
+            row.tenant not in newest or row.at > newest[row.tenant].at
+        ):
+            newest[row.tenant] = row
+    return sorted(newest.values(), key=lambda r: r.tenant)
 
 
 async def _read_bucket(bus: Bus, bucket: str, keys: str, model: type[M]) -> list[M]:

@@ -35,7 +35,7 @@ from switchyard.agentprompt import AgentLayout, build_messages
 from switchyard.answers import answer, refusal_for
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import PullLoop, RetryPolicy
-from switchyard.bus.publish import publish
+from switchyard.bus.publish import FAILOVER_PATIENCE, publish
 from switchyard.codec import decode
 from switchyard.envelope import Envelope
 from switchyard.errors import DecodeError, ErrorCode, SwitchyardError
@@ -199,7 +199,8 @@ async def run_agent(bus: Bus, stop: asyncio.Event, settings: PreprocessorSetting
                 # Stored before the request leaves: the session's next step comes after
                 # this one's answer, so it always finds this frame (a ms of KV put).
                 await remember(windows, step, win)
-            await publish(bus.js, subjects.req("agent", req.tenant), req, msg_id=req.id)
+            await publish(bus.js, subjects.req("agent", req.tenant), req, msg_id=req.id,
+                          patience=FAILOVER_PATIENCE)  # fmt: skip
 
     async def on_give_up(msg: Msg, code: ErrorCode, reason: str) -> None:
         step: Envelope | None

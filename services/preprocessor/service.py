@@ -18,7 +18,7 @@ from services.preprocessor.settings import PreprocessorSettings
 from switchyard.answers import answer, result_for
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import PullLoop, RetryPolicy
-from switchyard.bus.publish import publish
+from switchyard.bus.publish import FAILOVER_PATIENCE, publish
 from switchyard.codec import decode
 from switchyard.errors import DecodeError, ErrorCode
 from switchyard.logging import bind_request, get_logger
@@ -34,7 +34,7 @@ async def run_chat(bus: Bus, stop: asyncio.Event, settings: PreprocessorSettings
         chat = decode(msg.data, ChatRequest, max_bytes=settings.max_message_bytes)
         with bind_request(chat.id, chat.tenant, chat.trace):
             req = to_generate(chat, settings.chat_pool)
-            await publish(bus.js, subject_for(req), req, msg_id=req.id)
+            await publish(bus.js, subject_for(req), req, msg_id=req.id, patience=FAILOVER_PATIENCE)
 
     async def on_give_up(msg: Msg, code: ErrorCode, reason: str) -> None:
         with contextlib.suppress(DecodeError):

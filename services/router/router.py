@@ -34,7 +34,7 @@ from switchyard import subjects
 from switchyard.answers import answer, result_for
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import Puller, dead_letter
-from switchyard.bus.publish import trace_headers
+from switchyard.bus.publish import UNAVAILABLE, trace_headers
 from switchyard.bus.topology import ROUTER_DURABLE
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError
@@ -50,6 +50,10 @@ from switchyard.scheduling.policy import Policies
 from switchyard.vlmgeometry import DEFAULT_VLM, vlm_profile
 
 log = get_logger(__name__)
+
+# How long dispatch pauses after a WORK publish failed: a cluster elects a new stream
+# leader in seconds; retrying every queued request at once meanwhile only spins.
+DISPATCH_PAUSE = 0.5
 
 
 @dataclass
@@ -126,6 +130,9 @@ class Router:
         self.queue_gauges = metrics.QueueGauges(self.labels)
         self.wake = asyncio.Event()
         self.settling: set[asyncio.Task[None]] = set()  # dispatches awaiting WORK's ack
+        # After a WORK publish failed (the stream has no leader for a moment), dispatch
+        # waits until then (monotonic) instead of sending the queue into the same wall.
+        self.dispatch_paused_until = 0.0
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -160,9 +167,13 @@ class Router:
             for sub in subs:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
-            # Queued requests stay unacked in REQ: another router (or this one after a
-            # restart) gets them when their ack wait runs out.
-            log.info("router.stopped", queued=len(self.queue))
+            # Queued requests go back to REQ now, for the router that takes over (a
+            # killed router's come back when their ack wait runs out).
+            queued = self.queue.items()
+            for item in queued:
+                with contextlib.suppress(Exception):
+                    await item.payload.msg.nak()
+            log.info("router.stopped", queued=len(queued))
 
     # -- intake: REQ -> admission -> fair queue -------------------------------------------
 
@@ -315,7 +326,8 @@ class Router:
                 await asyncio.wait_for(self.wake.wait(), 0.25)
             self.wake.clear()
             await self._sweep()
-            await self._dispatch_round()
+            if time.monotonic() >= self.dispatch_paused_until:
+                await self._dispatch_round()
 
     async def _dispatch_round(self) -> None:
         """Dispatch, in fair order, everything that has a worker with credit now."""
@@ -416,8 +428,7 @@ class Router:
                 await asyncio.wait_for(stored, self.s.work_publish_timeout)
                 await msg.ack()
             except Exception as exc:
-                self._undispatch(item, exc)
-                self.wake.set()  # a round to send it again
+                self._undispatch(item, exc)  # the next round after the pause sends it again
                 return
             self.admission.dispatched(req.id)
             if req.session:
@@ -432,10 +443,11 @@ class Router:
                          reason=decision.reason)  # fmt: skip
 
     def _undispatch(self, item: Item[Queued], exc: Exception) -> None:
-        """The WORK publish failed: back to the head of the queue for a later round."""
+        """The WORK publish failed: back to the head of the queue for a round after a pause."""
         self.outstanding.pop(item.request_id, None)
         log.warning("router.dispatch_failed", error=repr(exc))
         self.queue.requeue(item)
+        self.dispatch_paused_until = time.monotonic() + DISPATCH_PAUSE
 
     async def _sweep(self) -> None:
         """Answer queued requests that went stale, expired or waited too long."""
@@ -516,6 +528,8 @@ class Router:
         while not stop.is_set():
             try:
                 await self._rebalance()
+            except UNAVAILABLE as exc:  # KV has no leader for a moment: the next round retries
+                log.warning("router.rebalance_failed", error=repr(exc))
             except Exception:
                 log.exception("router.rebalance_failed")
             with contextlib.suppress(TimeoutError):

@@ -47,7 +47,8 @@ class RouterSettings(Settings):
     aging: float = Field(default=10.0, gt=0, description="seconds per priority class gained")
     locality_bound: float = Field(default=4096.0, ge=0, description="weighted tokens")
     warm_seconds: float = Field(default=30.0, gt=0, description="a session stays warm this long")
-    req_ack_wait: float = Field(default=30.0, gt=0)
+    # Must equal the topology's `req_ack_wait` (the REQ consumer's): same env variable.
+    req_ack_wait: float = Field(default=10.0, gt=0)
     fetch_batch: int = Field(default=256, ge=1, le=10_000)
     # How long a dispatch waits for WORK to store it before the request is queued again
     # (a retried publish is stored once: WORK dedupes by request id).

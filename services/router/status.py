@@ -6,6 +6,9 @@ process. Once a second the router writes, per tenant it has seen, a small
 with the tenant so the edge can read one tenant's rows by key filter alone, and
 the router id keeps several routers from overwriting each other. The bucket's TTL
 removes the rows of a router that stopped.
+
+The same rows let a router that takes the lease over (`leadership`) start each tenant's
+buckets where the last one left them (`resume_usage`), at most a second stale.
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ import contextlib
 import time
 from typing import TYPE_CHECKING
 
+from nats.js.errors import KeyNotFoundError
+
+from switchyard.bus.kvkeys import kv_keys
 from switchyard.bus.topology import TENANTS_BUCKET
-from switchyard.codec import encode
+from switchyard.codec import decode, encode
+from switchyard.errors import DecodeError
 from switchyard.logging import get_logger
 from switchyard.messages.fleet import TenantStatus, tenant_status_key
 
@@ -48,6 +55,29 @@ def snapshot(router: Router, now: float) -> list[TenantStatus]:
         )
         for u in router.admission.usage(now)
     ]  # fmt: skip
+
+
+async def resume_usage(router: Router) -> int:
+    """Seed the router's token buckets from the newest row of each tenant in KV
+    `fleet_tenants` (written by whichever router held the lease before); how many tenants
+    were resumed. Best effort: without the rows, tenants start with full buckets."""
+    newest: dict[str, TenantStatus] = {}
+    try:
+        kv = await router.bus.js.key_value(TENANTS_BUCKET)
+        for key in await kv_keys(router.bus.js, TENANTS_BUCKET):
+            with contextlib.suppress(KeyNotFoundError, DecodeError):
+                entry = await kv.get(key)
+                row = decode(entry.value or b"", TenantStatus)
+                if row.tenant not in newest or row.at > newest[row.tenant].at:
+                    newest[row.tenant] = row
+    except Exception as exc:
+        log.warning("router.resume_failed", error=repr(exc)[:200])
+        return 0
+    for row in newest.values():
+        router.admission.resume(row.tenant, row.input_used, row.output_used, row.at)
+    if newest:
+        log.info("router.resumed_usage", tenants=len(newest))
+    return len(newest)
 
 
 async def publish_status(router: Router, stop: asyncio.Event, interval: float = INTERVAL) -> None:

@@ -22,7 +22,7 @@ from services.sqlflow.settings import SqlflowSettings
 from switchyard import subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import PullLoop, RetryPolicy
-from switchyard.bus.publish import publish
+from switchyard.bus.publish import FAILOVER_PATIENCE, publish
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError, ErrorCode
 from switchyard.logging import bind_request, get_logger
@@ -69,7 +69,7 @@ def open_index(settings: SqlflowSettings) -> KnowledgeIndex:
 async def deliver(bus: Bus, answer: SqlAnswer, reply: str | None) -> bool:
     """RES first (deduplicated), then the inbox; False when already answered."""
     ack = await publish(bus.js, subjects.res("sql", answer.tenant), answer,
-                        msg_id=f"res-{answer.request_id}")  # fmt: skip
+                        msg_id=f"res-{answer.request_id}", patience=FAILOVER_PATIENCE)  # fmt: skip
     if ack.duplicate:
         return False
     if reply:

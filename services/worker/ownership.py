@@ -24,6 +24,7 @@ from services.worker.settings import WorkerSettings
 from switchyard import subjects
 from switchyard.bus.consumer import GiveUp, PullLoop, RetryPolicy
 from switchyard.bus.kvkeys import kv_keys
+from switchyard.bus.publish import UNAVAILABLE
 from switchyard.bus.topology import ASSIGNMENTS_BUCKET, WORKERS_BUCKET
 from switchyard.codec import decode
 from switchyard.errors import DecodeError
@@ -173,8 +174,14 @@ class Ownership:
                 with contextlib.suppress(Exception):
                     update.result()
                 # Re-read the whole assignment: cheap (<= a few hundred keys), and
-                # immune to missed or reordered watch events.
-                await self.set_owned(await self._assigned(kv))
+                # immune to missed or reordered watch events. A read that fails (the
+                # bucket has no leader for a moment on a cluster) keeps what is owned:
+                # the next update or the 5 s timeout reads it again.
+                try:
+                    await self.set_owned(await self._assigned(kv))
+                except UNAVAILABLE as exc:
+                    log.warning("worker.assignment_unreadable", error=repr(exc))
+                    await asyncio.sleep(0.5)
         finally:
             stopping.cancel()
             with contextlib.suppress(Exception):

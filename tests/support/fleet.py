@@ -18,9 +18,11 @@ from services.worker.service import run_worker
 from services.worker.settings import WorkerSettings
 from switchyard import subjects
 from switchyard.bus.connection import Bus
-from switchyard.bus.publish import publish
+from switchyard.bus.publish import UNAVAILABLE, publish
+from switchyard.bus.streamread import Window, read
 from switchyard.bus.tokenstream import TokenStreamReader
 from switchyard.bus.topology import WORKERS_BUCKET, TopologySettings
+from switchyard.codec import decode
 from switchyard.fleet import ProcessGroup, provision
 from switchyard.fleet.inproc import running
 from switchyard.fleet.processes import Child
@@ -31,7 +33,7 @@ from switchyard.fleet.readiness import (
     wait_for_pools,
 )
 from switchyard.messages.fleet import WorkerHeartbeat
-from switchyard.messages.inference import GenerateRequest, TokenFrame
+from switchyard.messages.inference import GenerateRequest, GenerateResult, TokenFrame
 from switchyard.partition import partition
 
 
@@ -40,7 +42,7 @@ async def provision_pool(
     pool: str,
     partitions: int = 4,
     ack_wait: float = 30.0,
-    req_ack_wait: float = 30.0,
+    req_ack_wait: float = 10.0,
 ) -> None:
     """The shared streams plus WORK consumers of a pool private to one test."""
     topo = TopologySettings(
@@ -154,3 +156,22 @@ async def preprocessor_in_process(nats_url: str, **overrides: Any) -> AsyncItera
         "test-preprocessor", settings, lambda bus, stop: run_preprocessor(bus, stop, settings)
     ):
         yield
+
+
+async def stored_results(
+    bus: Bus, workload: str, tenant: str, ids: set[str], *, timeout: float
+) -> list[tuple[GenerateResult, float]]:
+    """Every result of `tenant` on RES with when RES stored it, once each of `ids` has
+    one (or `timeout` passed): what the fleet answered, whatever its clients saw."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found: list[tuple[GenerateResult, float]] = []
+        try:
+            window = Window(subject=subjects.res(workload, tenant))
+            async for stored in read(bus.js, "RES", window):
+                found.append((decode(stored.data, GenerateResult), stored.time))
+        except UNAVAILABLE:
+            found = []
+        if ids <= {r.request_id for r, _ in found} or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.5)

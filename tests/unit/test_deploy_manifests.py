@@ -507,3 +507,13 @@ def test_deployed_nats_is_the_version_the_tests_prove() -> None:
     assert compose()["services"]["nats"]["image"] == f"nats:{tested}-alpine"
     values = yaml.safe_load((K8S / "nats-values.yaml").read_text())
     assert values["container"]["image"]["tag"] == f"{tested}-alpine"
+
+
+def test_streams_have_as_many_copies_as_the_cluster_can_hold() -> None:
+    """k8s runs a 3-node JetStream cluster and provisions every stream and bucket R3 (any
+    node may be lost); compose runs one server, where more than one copy is refused."""
+    nodes = yaml.safe_load((K8S / "nats-values.yaml").read_text())["config"]["cluster"]
+    job = next(c for c in k8s_containers() if c.name == "nats-provision")
+    assert nodes["enabled"] and int(job.env["SY_REPLICAS"]) == nodes["replicas"] == 3
+    compose = next(c for c in compose_containers() if c.name == "nats-provision")
+    assert compose.env.get("SY_REPLICAS", "1") == "1"

@@ -18,13 +18,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import nats.errors
-import nats.js.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
 from switchyard import subjects
-from switchyard.bus.publish import MSG_ID
+from switchyard.bus.publish import MSG_ID, UNAVAILABLE
 from switchyard.codec import encode
 from switchyard.errors import DecodeError, ErrorCode, SwitchyardError
 from switchyard.logging import get_logger
@@ -34,13 +33,6 @@ from switchyard.metrics import DEAD_LETTERS
 log = get_logger(__name__)
 
 Handler = Callable[[Msg], Awaitable[None]]
-# What a fetch raises while the server restarts: retried, never fatal to the loop.
-UNAVAILABLE = (
-    nats.js.errors.ServiceUnavailableError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.StaleConnectionError,
-)
 # Called after a message is dead-lettered, so its requester can be told why.
 GiveUp = Callable[[Msg, ErrorCode, str], Awaitable[None]]
 
@@ -69,6 +61,11 @@ LOST_PULL_GRACE = 2.0
 # How often an outstanding pull checks whether the connection reconnected since it was
 # sent: a new server has no record of it, so it is asked again.
 RECONNECT_CHECK = 0.5
+# On a JetStream cluster a pull waits at the consumer's leader, which may be another
+# server than ours: if that server dies, the pull dies with it and nothing tells us (the
+# new leader never heard of it). So a pull asks for an idle heartbeat (`100`) this often
+# while it waits, and one not heard from for two of them is presumed lost and asked again.
+PULL_HEARTBEAT = 2.0
 
 
 class Puller:
@@ -98,16 +95,19 @@ class Puller:
         room: Callable[[], int],
         *,
         expires: float = PULL_EXPIRES,
+        heartbeat: float = PULL_HEARTBEAT,
     ) -> None:
         self.nc = js._nc  # the connection the context publishes on
         self.next_subject = f"{js._prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self.deliver = deliver
         self.room = room
         self.expires = expires
+        self.heartbeat = heartbeat
         self._inbox = self.nc.new_inbox()
         self._request = 0  # the current request's number (its reply subject's last token)
         self._remaining = 0  # messages the current request may still deliver
         self._lost_at = 0.0  # monotonic: when the current request is presumed lost
+        self._heard = 0.0  # monotonic: when the current request was last heard of
         self._reconnects = 0  # the connection's reconnect count when it was sent
         self._changed = asyncio.Event()
         self._stopping = False
@@ -129,7 +129,9 @@ class Puller:
             while not self._stopping:
                 now = time.monotonic()
                 if self._remaining and (
-                    now >= self._lost_at or self.nc.stats["reconnects"] != self._reconnects
+                    now >= self._lost_at
+                    or now - self._heard > 2 * self.heartbeat
+                    or self.nc.stats["reconnects"] != self._reconnects
                 ):
                     self._remaining = 0  # lost with its server or connection: ask again
                 if not self._remaining:
@@ -152,9 +154,12 @@ class Puller:
     async def _pull(self, batch: int) -> None:
         self._request += 1
         self._remaining = batch
-        self._lost_at = time.monotonic() + self.expires + LOST_PULL_GRACE
+        self._heard = time.monotonic()
+        self._lost_at = self._heard + self.expires + LOST_PULL_GRACE
         self._reconnects = self.nc.stats["reconnects"]
-        body = b'{"batch":%d,"expires":%d}' % (batch, int(self.expires * 1e9))
+        body = b'{"batch":%d,"expires":%d,"idle_heartbeat":%d}' % (
+            batch, int(self.expires * 1e9), int(self.heartbeat * 1e9),
+        )  # fmt: skip
         try:
             await self.nc.publish(self.next_subject, body, f"{self._inbox}.{self._request}")
         except UNAVAILABLE as exc:
@@ -163,6 +168,9 @@ class Puller:
             await asyncio.sleep(1.0)
 
     async def _on_msg(self, msg: Msg) -> None:
+        current = msg.subject.rsplit(".", 1)[-1] == str(self._request)
+        if current:
+            self._heard = time.monotonic()
         status = (msg.headers or {}).get(api.Header.STATUS)
         if status is None:
             self._remaining = max(0, self._remaining - 1)
@@ -173,7 +181,7 @@ class Puller:
         if status == _HEARTBEAT:
             return
         # 408 expired, 404/409 ended or refused: the request is spent if it is the current one.
-        if msg.subject.rsplit(".", 1)[-1] == str(self._request):
+        if current:
             self._remaining = 0
             self._changed.set()
         if status not in ("404", "408"):

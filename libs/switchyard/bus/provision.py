@@ -3,7 +3,10 @@
 Idempotent: running it again changes nothing. A setting the server can update in
 place (age, sizes, description) is updated; one it cannot (retention, storage),
 or subjects that differ, is reported as a `ProvisioningError` naming each field,
-because silently recreating a stream would delete its messages.
+because silently recreating a stream would delete its messages. Replicas and
+placement the server can change online, but doing so copies every message of a
+live stream between nodes, so it happens only when asked (`rescale=True`,
+`sy provision --rescale`); otherwise a difference is an error too.
 """
 
 from __future__ import annotations
@@ -17,16 +20,25 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     KeyValueConfig,
+    Placement,
     RetentionPolicy,
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    BucketNotFoundError,
+    NotFoundError,
+    ServerError,
+)
 
 from switchyard.bus.topology import BucketSpec, ConsumerSpec, StreamSpec, Topology
 from switchyard.errors import ProvisioningError
 
 Action = Literal["created", "unchanged", "updated"]
+# What the server answers a config it will not apply (not a transient 503).
+REFUSED = (BadRequestError, ServerError)
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,10 @@ def _storage(storage: str) -> StorageType:
     return StorageType.FILE if storage == "file" else StorageType.MEMORY
 
 
+def _placement(tags: tuple[str, ...]) -> Placement | None:
+    return Placement(tags=list(tags)) if tags else None
+
+
 def stream_config(spec: StreamSpec) -> StreamConfig:
     return StreamConfig(
         name=spec.name,
@@ -55,7 +71,8 @@ def stream_config(spec: StreamSpec) -> StreamConfig:
         max_age=spec.max_age,
         duplicate_window=spec.duplicate_window,
         max_msg_size=spec.max_msg_size,
-        num_replicas=1,
+        num_replicas=spec.replicas,
+        placement=_placement(spec.placement_tags),
     )
 
 
@@ -63,12 +80,51 @@ def _close(a: float | None, b: float | None) -> bool:
     return abs((a or 0.0) - (b or 0.0)) < 1e-3
 
 
-async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> Change:
+def _refused(what: str, exc: APIError) -> ProvisioningError:
+    """The server's refusal, with the usual cause named (replicas on a single server)."""
+    hint = ""
+    if "non-clustered" in (exc.description or "") or "insufficient resources" in (
+        exc.description or ""
+    ):
+        hint = (
+            ": more replicas than the JetStream cluster has servers (a single server holds "
+            "one copy: SY_REPLICAS=1; R3 needs a cluster of at least 3, e.g. `sy nats --cluster 3`)"
+        )
+    return ProvisioningError(f"the server refused {what}: {exc.description}{hint}")
+
+
+def _placement_tags(placement: Placement | None) -> list[str]:
+    return sorted(placement.tags or []) if placement is not None else []
+
+
+def _layout(
+    what: str, have_replicas: int | None, have_tags: list[str], spec: StreamSpec | BucketSpec,
+    rescale: bool,
+) -> list[str]:  # fmt: skip
+    """How `what`'s copies differ from `spec`: raises unless a rescale was asked for."""
+    changed = []
+    if (have_replicas or 1) != spec.replicas:
+        changed.append(f"replicas {have_replicas or 1} -> {spec.replicas}")
+    if have_tags != sorted(spec.placement_tags):
+        changed.append(f"placement tags {have_tags} -> {sorted(spec.placement_tags)}")
+    if changed and not rescale:
+        raise ProvisioningError(
+            f"{what} is laid out differently from its declaration ({'; '.join(changed)}). "
+            "Changing it copies every message between servers: run `sy provision --rescale` "
+            "to do it deliberately, or set SY_REPLICAS / SY_STREAM_REPLICAS to match."
+        )
+    return changed
+
+
+async def ensure_stream(js: JetStreamContext, spec: StreamSpec, rescale: bool = False) -> Change:
     wanted = stream_config(spec)
     try:
         info = await js.stream_info(spec.name)
     except NotFoundError:
-        await js.add_stream(wanted)
+        try:
+            await js.add_stream(wanted)
+        except REFUSED as exc:
+            raise _refused(f"stream {spec.name}", exc) from exc
         return Change("stream", spec.name, "created")
     have = info.config
     conflicts: list[str] = []
@@ -96,9 +152,14 @@ async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> Change:
         drift.append("max_msg_size")
     if (have.description or "") != (wanted.description or ""):
         drift.append("description")
+    stream = f"stream {spec.name}"
+    drift += _layout(stream, have.num_replicas, _placement_tags(have.placement), spec, rescale)
     if not drift:
         return Change("stream", spec.name, "unchanged")
-    await js.update_stream(wanted)
+    try:
+        await js.update_stream(wanted)
+    except REFUSED as exc:
+        raise _refused(f"the update of {stream}", exc) from exc
     return Change("stream", spec.name, "updated", ", ".join(drift))
 
 
@@ -146,20 +207,25 @@ async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> Change:
     return Change("consumer", f"{spec.stream}/{spec.durable}", "updated", ", ".join(drift))
 
 
-async def ensure_bucket(js: JetStreamContext, spec: BucketSpec) -> Change:
+async def ensure_bucket(js: JetStreamContext, spec: BucketSpec, rescale: bool = False) -> Change:
     try:
         kv = await js.key_value(spec.name)
         status = await kv.status()
     except BucketNotFoundError:
-        await js.create_key_value(
-            KeyValueConfig(
-                bucket=spec.name,
-                description=spec.description,
-                history=spec.history,
-                ttl=spec.ttl or None,
-                storage=StorageType.FILE,
+        try:
+            await js.create_key_value(
+                KeyValueConfig(
+                    bucket=spec.name,
+                    description=spec.description,
+                    history=spec.history,
+                    ttl=spec.ttl or None,
+                    storage=StorageType.FILE,
+                    replicas=spec.replicas,
+                    placement=_placement(spec.placement_tags),
+                )
             )
-        )
+        except REFUSED as exc:
+            raise _refused(f"KV bucket {spec.name}", exc) from exc
         return Change("bucket", spec.name, "created")
     if not _close(status.ttl, spec.ttl or None):
         raise ProvisioningError(
@@ -167,12 +233,27 @@ async def ensure_bucket(js: JetStreamContext, spec: BucketSpec) -> Change:
             "a bucket's TTL cannot change in place: delete it deliberately (it holds only "
             "soft state) and provision again"
         )
-    return Change("bucket", spec.name, "unchanged")
+    # A bucket is the stream KV_<name>: its copies change the way a stream's do.
+    config = status.stream_info.config
+    what = f"KV bucket {spec.name}"
+    changed = _layout(what, config.num_replicas, _placement_tags(config.placement), spec, rescale)
+    if not changed:
+        return Change("bucket", spec.name, "unchanged")
+    config.num_replicas = spec.replicas
+    config.placement = _placement(spec.placement_tags)
+    try:
+        await js.update_stream(config)
+    except REFUSED as exc:
+        raise _refused(f"the update of {what}", exc) from exc
+    return Change("bucket", spec.name, "updated", ", ".join(changed))
 
 
-async def provision(js: JetStreamContext, topology: Topology) -> list[Change]:
-    """Bring the server in line with `topology`; returns what was done, in order."""
-    changes = [await ensure_stream(js, s) for s in topology.streams]
+async def provision(
+    js: JetStreamContext, topology: Topology, *, rescale: bool = False
+) -> list[Change]:
+    """Bring the server in line with `topology`; returns what was done, in order.
+    `rescale` lets it change the replicas or placement of live streams and buckets."""
+    changes = [await ensure_stream(js, s, rescale) for s in topology.streams]
     changes += [await ensure_consumer(js, c) for c in topology.consumers]
-    changes += [await ensure_bucket(js, b) for b in topology.buckets]
+    changes += [await ensure_bucket(js, b, rescale) for b in topology.buckets]
     return changes

@@ -6,10 +6,10 @@ document in `proto/` and the tests all read these declarations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from switchyard import subjects
@@ -25,6 +25,7 @@ SESSIONS_BUCKET = "fleet_sessions"  # <pool>.<tenant>.<session> -> SessionRoute
 TENANTS_BUCKET = "fleet_tenants"  # <tenant>.<router> -> TenantStatus (TTL)
 IDEMPOTENCY_BUCKET = "idempotency"  # <tenant>.<key hash> -> Claim (TTL)
 WINDOWS_BUCKET = "agent_windows"  # <pool>.<tenant>.<session>.<step> -> WindowFrame (TTL)
+ROUTER_BUCKET = "fleet_router"  # pools.<pools> -> RouterLease (TTL = the lease's length)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,10 @@ class StreamSpec:
     duplicate_window: float = 120.0
     max_msg_size: int = 8 * 1024 * 1024
     description: str = ""
+    # Copies on a JetStream cluster (1 on a single server; 3 survives losing any one node).
+    replicas: int = 1
+    # Server tags the copies must be placed on (e.g. a region), none = anywhere.
+    placement_tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,8 @@ class BucketSpec:
     ttl: float  # seconds, 0 = no expiry
     history: int = 1
     description: str = ""
+    replicas: int = 1
+    placement_tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,11 +98,33 @@ class TopologySettings(Settings):
     # declaring death after 6 s, a dead worker's requests run again within ~8 s (#24; at
     # 30 s they waited ~30 s).
     work_ack_wait: float = Field(default=5.0, gt=0)
-    # How long a crashed router's queued requests wait before another router gets them.
-    req_ack_wait: float = Field(default=30.0, gt=0)
+    # How long a crashed router's queued requests wait before another router gets them
+    # (the router keeps each one it holds alive every third of this).
+    req_ack_wait: float = Field(default=10.0, gt=0)
+    # How long the router lease lasts unrenewed (KV `fleet_router`): a standby router takes
+    # over this long after the active one died (services/router/leadership.py).
+    router_lease: float = Field(default=5.0, ge=1.0)
     work_credit: int = Field(default=4, ge=1, le=256)
     max_attempts: int = Field(default=5, ge=1, le=100)
     storage: Literal["file", "memory"] = "file"
+    # Copies of every stream and KV bucket on a JetStream cluster: 1 on one server (a
+    # single server refuses more), 3 in production (deploy/k8s, compose's cluster
+    # profile), so losing any one node loses nothing. `stream_replicas` overrides it per
+    # stream or bucket by name (env JSON: SY_STREAM_REPLICAS='{"RES": 1}').
+    replicas: int = Field(default=1, ge=1, le=5)
+    stream_replicas: dict[str, int] = {}
+    # Server tags (`server_tags` in nats.conf) every stream's copies must be placed on.
+    placement_tags: list[str] = []
+
+    @model_validator(mode="after")
+    def _replicas_in_range(self) -> TopologySettings:
+        wrong = {name: n for name, n in self.stream_replicas.items() if not 1 <= n <= 5}
+        if wrong:
+            raise ValueError(f"stream_replicas must be 1-5 copies: {wrong}")
+        return self
+
+    def replicas_of(self, name: str) -> int:
+        return self.stream_replicas.get(name, self.replicas)
 
 
 ROUTER_DURABLE = "router"
@@ -187,5 +216,11 @@ def build_topology(s: TopologySettings) -> Topology:
         BucketSpec(SESSIONS_BUCKET, s.session_ttl, 1, "Session -> worker (TTL, create/CAS)."),
         BucketSpec(TENANTS_BUCKET, s.heartbeat_ttl, 1, "Per-tenant usage, from each router."),
         BucketSpec(WINDOWS_BUCKET, s.agent_window_ttl, 1, "Agent sessions' window frames (TTL)."),
+        BucketSpec(ROUTER_BUCKET, s.router_lease, 1, "The active router's lease (TTL)."),
     )
-    return Topology(streams, tuple(consumers), buckets)
+    tags = tuple(s.placement_tags)
+    return Topology(
+        tuple(replace(x, replicas=s.replicas_of(x.name), placement_tags=tags) for x in streams),
+        tuple(consumers),
+        tuple(replace(b, replicas=s.replicas_of(b.name), placement_tags=tags) for b in buckets),
+    )

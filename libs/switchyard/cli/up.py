@@ -47,9 +47,8 @@ from switchyard.cli.logview import LogFormat, LogView, pretty
 from switchyard.config import Settings
 from switchyard.errors import SwitchyardError
 from switchyard.fleet import Fleet, FleetError, NotReady, PoolReady, Roster, Service, launch
-from switchyard.fleet.bus import host_port
-from switchyard.natsserver import EmbeddedNats
-from switchyard.ports import reachable
+from switchyard.fleet.bus import any_reachable, host_port
+from switchyard.natsserver import EmbeddedCluster, EmbeddedNats
 
 GRACE = 20.0
 DATA_DIR = Path(".sy")
@@ -179,26 +178,39 @@ def first_request(url: str) -> str:
 
 
 def start_nats(
-    host: str, port: int, data_dir: Path, creds: Credentials | None = None
-) -> EmbeddedNats:
-    """An embedded nats-server; with `creds`, the production users of NATS_AUTH."""
+    host: str, port: int, data_dir: Path, creds: Credentials | None = None, cluster: int = 1
+) -> list[EmbeddedNats]:
+    """An embedded nats-server, or `cluster` of them as one JetStream cluster on ports
+    `port`, `port+1`...; with `creds`, the production users of NATS_AUTH on each."""
     data_dir = data_dir.resolve()
     extra = ""
     if creds is not None:
         if not NATS_AUTH.is_file():
             raise FileNotFoundError(f"{NATS_AUTH} not found: run `sy up` from the repository root")
-        data_dir.mkdir(parents=True, exist_ok=True)
-        # nats-server resolves `include` relative to the config file, which lives here.
-        (data_dir / NATS_AUTH.name).write_text(NATS_AUTH.read_text())
         extra = f"include ./{NATS_AUTH.name}"
-    server = EmbeddedNats(
-        data_dir=data_dir, host=host, port=port, new_session=True, extra_config=extra
-    )
+    if cluster > 1:
+        group = EmbeddedCluster(
+            data_dir, cluster, host=host, extra_config=extra, new_session=True,
+            ports=tuple(range(port, port + cluster)),
+        )  # fmt: skip
+        servers = group.servers
+    else:
+        servers = [EmbeddedNats(data_dir=data_dir, host=host, port=port, new_session=True,
+                                extra_config=extra)]  # fmt: skip
+    if creds is not None:
+        for server in servers:
+            # nats-server resolves `include` relative to the config file, which lives here.
+            server.data_dir.mkdir(parents=True, exist_ok=True)
+            (server.data_dir / NATS_AUTH.name).write_text(NATS_AUTH.read_text())
     # The server reads its users' passwords from its environment; children never see them.
     env = creds.server_env() if creds is not None else {}
     os.environ.update(env)
     try:
-        return server.start()
+        if cluster > 1:
+            group.start()
+        else:
+            servers[0].start()
+        return servers
     finally:
         for key in env:
             os.environ.pop(key, None)
@@ -257,7 +269,7 @@ async def announce(fleet: Fleet, view: LogView) -> None:
 
 
 async def supervise(
-    procs: list[Service], url: str, nats: EmbeddedNats | None, creds: Credentials | None,
+    procs: list[Service], url: str, nats: list[EmbeddedNats], creds: Credentials | None,
     log_format: LogFormat,
 ) -> int:  # fmt: skip
     """Run `procs` until Ctrl-C/SIGTERM or one of them exits; the exit status."""
@@ -275,7 +287,7 @@ async def supervise(
         grace=GRACE,
     ) as fleet:  # fmt: skip
         status("provision", "green", "●", f"{topology}: {changes(fleet.provisioned)}")
-        if not procs and nats is None:
+        if not procs and not nats:
             console.print("no service can run yet: nothing to supervise")
             return code
         if not procs:
@@ -296,9 +308,13 @@ async def supervise(
                 if dead:
                     code = 1
                     break
-                if nats is not None and nats.proc is not None and nats.proc.poll() is not None:
-                    rc = nats.proc.returncode
-                    status("nats", "red", "✗", f"nats-server exited with {rc}; stopping the fleet")
+                # A cluster's member may go (the fleet rides it out); the last one may not.
+                for server in nats:
+                    if server.name not in exited and not server.running:
+                        exited.add(server.name)
+                        status("nats", "yellow", "●", f"nats-server {server.name} exited")
+                if nats and not any(server.running for server in nats):
+                    status("nats", "red", "✗", "no nats-server is left; stopping the fleet")
                     code = 1
                     break
             if stop.is_set():
@@ -334,6 +350,16 @@ def register(app: typer.Typer) -> None:
         data_dir: Annotated[
             Path, typer.Option(help="state of the embedded nats-server (<dir>/nats)")
         ] = DATA_DIR,
+        nats_cluster: Annotated[
+            int,
+            typer.Option(
+                "--nats-cluster",
+                min=1,
+                max=7,
+                help="embedded NATS as a JetStream cluster of N servers (ports from --nats's "
+                "port up), streams and buckets with min(N, 3) replicas",
+            ),
+        ] = 1,
         secure_users: Annotated[
             bool,
             typer.Option(
@@ -353,7 +379,15 @@ def register(app: typer.Typer) -> None:
         """Run the fleet locally: NATS (embedded unless reachable), topology, every service."""
         url = nats_url or Settings().nats_url
         host, port = host_port(url)
-        external = reachable(host, port)
+        external = any_reachable(url)
+        if nats_cluster > 1:
+            if external:
+                taken = f"--nats-cluster needs its own servers: {url} is taken"
+                status("nats", "red", "✗", f"{taken} (pick free ports: --nats nats://{host}:4230)")
+                raise typer.Exit(1)
+            # Every process (the launcher's provisioning included) reads it from here.
+            os.environ.setdefault("SY_REPLICAS", str(min(3, nats_cluster)))
+            url = ",".join(f"nats://{host}:{p}" for p in range(port, port + nats_cluster))
         procs, skipped = plan(FLEET, workers=workers, engine=engine, edge_port=edge_port)
         topology = build_topology(TopologySettings(nats_url=url))
         nats_dir = data_dir / "nats"
@@ -371,6 +405,12 @@ def register(app: typer.Typer) -> None:
             verb = "would start" if dry_run else "starting"
             users = f", users of {NATS_AUTH}" if creds is not None else ""
             what = f"an embedded nats-server on {host}:{port}, store {nats_dir}/{users}"
+            if nats_cluster > 1:
+                replicas = os.environ["SY_REPLICAS"]
+                what = (
+                    f"a JetStream cluster of {nats_cluster} embedded nats-servers on {url}, "
+                    f"stores {nats_dir}/n*, R{replicas} streams{users}"
+                )
             status("nats", "yellow", "●", f"{url} is not reachable: {verb} {what}")
         else:
             status("nats", "red", "✗", f"{url} is not reachable and not local; start it first")
@@ -385,28 +425,29 @@ def register(app: typer.Typer) -> None:
                 console.print("no service can run yet: nothing else would start")
             return
 
-        server: EmbeddedNats | None = None
+        servers: list[EmbeddedNats] = []
         code = 0
         # Unwind on SIGTERM too, stopping what was started (asyncio.run installs its own).
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             if not external:
-                server = start_nats(host, port, nats_dir, creds)
-                where = f"on {server.url}, log {nats_dir}/nats.log"
-                status("nats", "green", "●", f"embedded nats-server {where}")
+                servers = start_nats(host, port, nats_dir, creds, nats_cluster)
+                logs = ", ".join(str(s.data_dir / "nats.log") for s in servers)
+                status("nats", "green", "●", f"embedded nats-server on {url}, log {logs}")
             if creds is not None:
                 admin = nats_dir / "admin.env"
                 write_admin_env(admin, url, creds)
                 status("nats", "green", "●", f"per-service users; operator credentials in {admin}")
-            code = asyncio.run(supervise(procs, url, server, creds, log_format))
+            code = asyncio.run(supervise(procs, url, servers, creds, log_format))
         except KeyboardInterrupt:
             code = 130
         except (OSError, RuntimeError, SwitchyardError) as exc:  # no traceback for the expected
             status("up", "red", "✗", f"{type(exc).__name__}: {exc}")
             code = 1
         finally:
-            if server is not None:
+            for server in servers:
                 server.stop()
+            if servers:
                 status("nats", "dim", "■", "embedded nats-server stopped")
             signal.signal(signal.SIGTERM, previous)
         raise typer.Exit(code)

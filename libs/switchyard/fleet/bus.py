@@ -21,15 +21,21 @@ from switchyard.ports import reachable
 
 
 def host_port(url: str) -> tuple[str, int]:
-    parsed = urlparse(url)
+    """Host and port of `url`, or of the first server of a comma-separated cluster list."""
+    parsed = urlparse(url.split(",")[0].strip())
     return parsed.hostname or "127.0.0.1", parsed.port or 4222
+
+
+def any_reachable(url: str) -> bool:
+    """Whether any server of `url` (one, or a comma-separated cluster list) answers."""
+    return any(reachable(*host_port(one)) for one in url.split(",") if one.strip())
 
 
 @contextlib.contextmanager
 def nats_server(url: str | None = None) -> Iterator[str]:
     """`url` when it answers; with no URL, a throwaway embedded server for the block."""
     if url:
-        if not reachable(*host_port(url)):
+        if not any_reachable(url):
             raise FleetError(f"NATS at {url} is not reachable")
         yield url
         return

@@ -92,3 +92,19 @@ def session_key(pool: str, tenant: str, session: str) -> str:
     """`<pool>.<tenant>.<session>`: a session id is the tenant's own (two tenants may both
     have an "episode-1"), and all three are tokens, which KV keys allow as is."""
     return f"{pool}.{tenant}.{session}"
+
+
+class RouterLease(Model):
+    """KV `fleet_router` value (key `router_lease_key(pools)`): the router that admits and
+    dispatches for these pools; rewritten by its holder, gone with the bucket's TTL if not."""
+
+    v: int = 1
+    router: Token
+    since: UnixTime  # when it took the lease
+    at: UnixTime  # when it last renewed it
+
+
+def router_lease_key(pools: list[str]) -> str:
+    """One lease per set of pools: routers serving the same pools are one group (a router
+    for other pools, e.g. a test's private pool, is not its rival)."""
+    return "pools." + "-".join(sorted(set(pools)))

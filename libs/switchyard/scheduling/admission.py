@@ -85,6 +85,17 @@ class Admission:
             self._tenants[tenant] = state
         return state
 
+    def resume(self, tenant: str, input_used: float, output_used: float, at: float) -> None:
+        """Start `tenant`'s buckets where another router left them at `at` (a router taking
+        over must not hand every tenant a fresh minute's worth). What was in flight there
+        stays spent: its refunds went to that router."""
+        state = self._state(tenant)
+        if state is None:
+            return
+        for bucket, used in ((state.itpm, input_used), (state.otpm, output_used)):
+            bucket.level = max(0.0, bucket.capacity - used)
+            bucket.updated = min(at, self.clock())
+
     def policy(self, tenant: str) -> TenantPolicy | None:
         state = self._state(tenant)
         return state.policy if state else None
