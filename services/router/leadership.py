@@ -11,7 +11,8 @@ overhead`) carries ~2,000 requests/s, far more than a GPU fleet of this size sen
 other routers stand by, and the first to find the lease gone takes over.
 
 The lease is one key (`router_lease_key(pools)`) in a bucket whose TTL is the lease's
-length. The holder rewrites it, compare-and-set on its last revision, every third of that.
+length. The holder rewrites it, compare-and-set on its last revision, every quarter of
+that.
 It holds the lease only until one TTL after it *sent* its last successful renewal: the
 server cannot expire the key before then (it counts from when it stored the write), so a
 holder that cannot renew (partitioned, paused) stops admitting before a standby can
@@ -42,6 +43,8 @@ log = get_logger(__name__)
 MARGIN = 0.5
 # Each renewal's wait for the server (a renewal that cannot land within the lease is moot).
 RENEW_TIMEOUT = 1.0
+# How often a standby tries to take the lease: a released lease is taken within this.
+STANDBY_POLL = 0.5
 RENEWAL_FAILED: tuple[type[Exception], ...] = (*UNAVAILABLE, TimeoutError)
 
 
@@ -105,7 +108,7 @@ class Lease:
             except UNAVAILABLE as exc:
                 log.warning("router.lease_unavailable", error=repr(exc))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.2, self.ttl / 5))
+                await asyncio.wait_for(stop.wait(), STANDBY_POLL)
         return False
 
     async def hold(self, stop: asyncio.Event) -> None:
@@ -113,7 +116,7 @@ class Lease:
         lost (another router holds it, or it could not be renewed in time)."""
         kv = await self._bucket()
         while not stop.is_set() and self.held:
-            wait = min(self.ttl / 3, max(0.0, self._deadline - time.monotonic()))
+            wait = min(self.ttl / 4, max(0.0, self._deadline - time.monotonic()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait)
             if stop.is_set() or not self.held:

@@ -9,18 +9,27 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import os
+import shutil
+import signal
 import statistics
+import subprocess
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import IO, Any
 
 import nats.errors
 import nats.js.errors
 import pytest
 import yaml
 from nats.aio.msg import Msg
+from pydantic import SecretStr
 
+from services.router.leadership import Lease
 from switchyard import subjects
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.consumer import PULL_HEARTBEAT, Puller
@@ -30,15 +39,21 @@ from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.config import Settings
 from switchyard.errors import ProvisioningError
 from switchyard.messages.inference import ChatMessage, ChatRequest, Sampling
-from switchyard.natsserver import EmbeddedCluster, EmbeddedNats
+from switchyard.natsserver import EmbeddedCluster, EmbeddedNats, binary
+from switchyard.ports import free_port
 from tests.support.fleet import (
     preprocessor_in_process,
-    router_in_process,
     service_process,
     stored_results,
     wait_for_pool,
 )
 from tests.support.poll import until
+
+ROOT = Path(__file__).resolve().parents[2]
+USERS = (
+    "admin", "edge", "preprocessor", "router", "worker", "sqlflow", "validator", "executor",
+    "auditor",
+)  # fmt: skip
 
 # What a client retries on while the cluster elects a new leader.
 FAILOVER = (
@@ -188,10 +203,11 @@ async def test_a_pull_outlives_the_death_of_its_consumers_leader(
 async def test_the_fleet_loses_nothing_while_leaders_are_killed(
     cluster: EmbeddedCluster, cbus: Bus, unique: str, tmp_path: Path
 ) -> None:
-    """Chat requests at a steady rate through the preprocessor, the router and 3 sim
+    """Chat requests at a steady rate through the preprocessor, two routers and 3 sim
     workers on R3 streams; the meta leader, then REQ's leader, then WORK's leader are
-    killed -9 (each brought back before the next). Every request the cluster acknowledged
-    has exactly one result on RES; the longest wait and gap of each failover is reported."""
+    killed -9 (each brought back before the next), then the router holding the lease,
+    then a worker. Every request the cluster acknowledged has exactly one result on RES;
+    the p99 wait and longest gap of each failover are reported."""
     pool, tenant, parts = f"c{unique}", f"t{unique}", 4
     settings = TopologySettings(replicas=3, partitions=parts, pools=[pool])
     await provision_topology(cbus.js, build_topology(settings))
@@ -228,13 +244,16 @@ async def test_the_fleet_loses_nothing_while_leaders_are_killed(
             await asyncio.sleep(0.05)
 
     url = cluster.url
-    async with (
-        router_in_process(url, partitions=parts, pools=[pool], tenant_policy=policy,
-                          rebalance_interval=0.2),
-        preprocessor_in_process(url, chat_pool=pool),
-    ):  # fmt: skip
+    routers = {
+        name: {"SY_ROUTER_ID": name, "SY_POOLS": f'["{pool}"]', "SY_PARTITIONS": str(parts),
+               "SY_TENANT_POLICY": str(policy), "SY_REBALANCE_INTERVAL": "0.2"}
+        for name in ("r1", "r2")
+    }  # fmt: skip
+    async with preprocessor_in_process(url, chat_pool=pool):
         with (
-            service_process("worker", url, SY_WORKER_ID=f"{pool}-w0", **env),
+            service_process("router", url, **routers["r1"]) as r1,
+            service_process("router", url, **routers["r2"]) as r2,
+            service_process("worker", url, SY_WORKER_ID=f"{pool}-w0", **env) as w0,
             service_process("worker", url, SY_WORKER_ID=f"{pool}-w1", **env),
             service_process("worker", url, SY_WORKER_ID=f"{pool}-w2", **env),
         ):
@@ -252,6 +271,16 @@ async def test_the_fleet_loses_nothing_while_leaders_are_killed(
                 await asyncio.sleep(4.0)
                 await asyncio.to_thread(cluster.restart, victim)
                 await caught_up(cbus, "INGRESS", "REQ", "WORK", "RES")
+            # Then the router admitting (the other one takes its lease over), then a worker.
+            await asyncio.sleep(4.0)
+            holder = await Lease(cbus.js, "probe", [pool]).holder()
+            assert holder is not None
+            (r1 if holder.router == "r1" else r2).proc.send_signal(signal.SIGKILL)
+            kills.append(("router", holder.router, time.time()))
+            await asyncio.sleep(8.0)
+            w0.proc.send_signal(signal.SIGKILL)
+            kills.append(("worker", f"{pool}-w0", time.time()))
+            await asyncio.sleep(6.0)
             await asyncio.sleep(2.0)
             stop.set()
             await loading
@@ -271,10 +300,93 @@ async def test_the_fleet_loses_nothing_while_leaders_are_killed(
         around = [t for t in times if at - 2 <= t <= at + 20]
         gap = max((b - a for a, b in itertools.pairwise(around)), default=0.0)
         p99 = statistics.quantiles(during, n=100)[98] if len(during) > 1 else max(during)
-        print(f"  kill -9 {what} leader {victim}: {len(during)} requests sent around it, "
+        print(f"  kill -9 {what} {victim}: {len(during)} requests sent around it, "
               f"wait p50 {statistics.median(during):.2f} s p99 {p99:.2f} s, "
               f"longest gap between answers {gap:.2f} s")  # fmt: skip
     assert len(acked) > 200 and not refused
     assert not lost, f"{len(lost)} acknowledged requests have no result: {sorted(lost)[:5]}"
     assert not doubled, doubled
     assert all(waits[rid] < 30 for rid in waits), max(waits.values())
+
+
+async def test_the_compose_cluster_config_forms_a_replicated_cluster(tmp_path: Path) -> None:
+    """compose/nats-cluster.conf, as three real servers (only addresses and stores
+    rewritten): they route to each other with the route password, take their names from
+    the environment, keep the production users, and hold R3 streams."""
+    conf = (ROOT / "compose" / "nats-cluster.conf").read_text()
+    base = (ROOT / "compose" / "nats.conf").read_text()
+    passwords = {f"SY_NATS_PASSWORD_{u.upper()}": f"pw-{u}-0123456789" for u in USERS}
+    route_ports = [free_port() for _ in range(3)]
+    routes = {f"SY_NATS_ROUTE_{i + 1}": f"nats-route://route:rpw@127.0.0.1:{p}"
+              for i, p in enumerate(route_ports)}  # fmt: skip
+    procs: list[subprocess.Popen[bytes]] = []
+    logs: list[IO[bytes]] = []
+    urls, monitors = [], []
+    try:
+        for i in range(3):
+            d = tmp_path / f"gpu{i + 1}"
+            d.mkdir()
+            port, monitor = free_port(), free_port()
+            member = base.replace("listen: 0.0.0.0:4222", f"listen: 127.0.0.1:{port}")
+            member = member.replace("http: 0.0.0.0:8222", f"http: 127.0.0.1:{monitor}")
+            member = member.replace('store_dir: "/data/jetstream"', f'store_dir: "{d / "js"}"')
+            member = member.replace("max_file_store: 200GB", "max_file_store: 1GB")
+            (d / "nats.conf").write_text(member)
+            (d / "nats-cluster.conf").write_text(
+                conf.replace("listen: 0.0.0.0:6222", f"listen: 127.0.0.1:{route_ports[i]}")
+            )
+            shutil.copy(ROOT / "compose" / "nats-auth.conf", d / "nats-auth.conf")
+            env = {**os.environ, **passwords, **routes, "SY_NATS_SERVER_NAME": f"gpu{i + 1}",
+                   "SY_NATS_ROUTE_PASSWORD": "rpw"}  # fmt: skip
+            logs.append(log := (d / "nats.log").open("wb"))
+            argv = [str(binary()), "-c", str(d / "nats-cluster.conf")]
+            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+            urls.append(f"nats://127.0.0.1:{port}")
+            monitors.append(monitor)
+
+        def formed() -> bool:
+            for i, monitor in enumerate(monitors):
+                page = _json(f"http://127.0.0.1:{monitor}/routez")
+                names = {r.get("remote_name") for r in page.get("routes") or []}
+                varz = _json(f"http://127.0.0.1:{monitor}/varz")
+                if names != {f"gpu{j + 1}" for j in range(3)} - {f"gpu{i + 1}"}:
+                    return False
+                if varz.get("server_name") != f"gpu{i + 1}":
+                    return False
+            return bool(_json(f"http://127.0.0.1:{monitors[0]}/jsz").get("meta_cluster", {})
+                        .get("leader"))  # fmt: skip
+
+        await until(formed, timeout=30, what="three members routed, with a meta leader")
+        admin = Settings(nats_url=",".join(urls), nats_user="admin",
+                         nats_password=SecretStr(passwords["SY_NATS_PASSWORD_ADMIN"]))  # fmt: skip
+        bus = await connect(admin, "test-compose-cluster")
+        try:
+            topology = build_topology(TopologySettings(replicas=3, partitions=1, pools=["x"]))
+            for attempt in range(20):  # the meta leader may still be settling its peers
+                try:
+                    await provision_topology(bus.js, topology)
+                    break
+                except ProvisioningError:
+                    if attempt == 19:
+                        raise
+                    await asyncio.sleep(0.5)
+            info = await bus.js.stream_info("REQ")
+            assert info.config.num_replicas == 3
+            assert info.cluster is not None and len(info.cluster.replicas or []) == 2
+        finally:
+            await bus.close()
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+        for log in logs:
+            log.close()
+
+
+def _json(url: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            page: dict[str, Any] = json.load(response)
+            return page
+    except (OSError, ValueError):
+        return {}

@@ -40,7 +40,7 @@ from services.router.settings import RouterSettings
 from services.sqlflow.settings import SqlflowSettings
 from services.validator.settings import ValidatorSettings
 from services.worker.settings import WorkerSettings
-from switchyard.bus.topology import TopologySettings
+from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.cli.app import app
 from switchyard.cli.up import runnable
 from switchyard.config import Settings
@@ -517,3 +517,49 @@ def test_streams_have_as_many_copies_as_the_cluster_can_hold() -> None:
     assert nodes["enabled"] and int(job.env["SY_REPLICAS"]) == nodes["replicas"] == 3
     compose = next(c for c in compose_containers() if c.name == "nats-provision")
     assert compose.env.get("SY_REPLICAS", "1") == "1"
+    # A GPU server joining a cluster (docker-compose.cluster.yml over docker-compose.yml).
+    over = yaml.safe_load((COMPOSE_DIR / "docker-compose.cluster.yml").read_text())["services"]
+    assert over["nats-provision"]["environment"]["SY_REPLICAS"] == "3"
+    conf = over["nats"]["command"][-1]
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in over["nats"]["volumes"]}
+    assert (COMPOSE_DIR / mounted[conf]).is_file() and "include ./nats.conf" in (
+        COMPOSE_DIR / mounted[conf]
+    ).read_text()
+    base = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())["services"]["nats"]
+    targets = {v.split(":")[1] for v in base["volumes"] if v.startswith("./")}
+    assert {"/etc/nats/nats.conf", "/etc/nats/nats-auth.conf"} <= targets  # nats.conf includes
+
+
+def test_keda_scales_cpu_services_on_the_lag_of_their_own_consumers() -> None:
+    """Every ScaledObject targets a Deployment of base/ whose service reads the durable its
+    triggers name, on the stream the topology puts that durable on; NATS' monitoring port
+    (where KEDA reads the lag) is the chart's and open to KEDA's namespace."""
+    docs = k8s_docs()
+    scaled = [d for d in docs if d["kind"] == "ScaledObject"]
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    durables = {(c.stream, c.durable) for c in build_topology(TopologySettings()).consumers}
+    reads = {"preprocessor": {"preprocessor-chat", "preprocessor-agent"},
+             "sqlflow": {"sqlflow"}, "auditor": {"auditor"}}  # fmt: skip
+    monitor = yaml.safe_load((K8S / "nats-values.yaml").read_text())["config"]["monitor"]
+    assert {d["metadata"]["name"] for d in scaled} == set(reads)
+    for obj in scaled:
+        target = obj["spec"]["scaleTargetRef"]["name"]
+        assert target in deployments, target
+        assert 1 <= obj["spec"]["minReplicaCount"] <= obj["spec"]["maxReplicaCount"]
+        named = set()
+        for trigger in obj["spec"]["triggers"]:
+            meta = trigger["metadata"]
+            assert trigger["type"] == "nats-jetstream"
+            assert (meta["stream"], meta["consumer"]) in durables, meta
+            assert meta["natsServerMonitoringEndpoint"].endswith(f":{monitor['port']}")
+            assert meta["account"] == "$G" and "accounts" not in AUTH.read_text()
+            assert int(meta["lagThreshold"]) >= 1
+            named.add(meta["consumer"])
+        assert named == reads[target], (target, named)
+    # KEDA owns these replica counts: a second autoscaler on them would fight it.
+    hpas = {d["spec"]["scaleTargetRef"]["name"] for d in docs
+            if d["kind"] == "HorizontalPodAutoscaler"}  # fmt: skip
+    assert not hpas & set(reads), hpas
+    assert "keda.yaml" in (K8S / "base" / "kustomization.yaml").read_text()
+    policies = (K8S / "base" / "networkpolicies.yaml").read_text()
+    assert "kubernetes.io/metadata.name: keda" in policies and monitor["enabled"]

@@ -102,8 +102,10 @@ class TopologySettings(Settings):
     # (the router keeps each one it holds alive every third of this).
     req_ack_wait: float = Field(default=10.0, gt=0)
     # How long the router lease lasts unrenewed (KV `fleet_router`): a standby router takes
-    # over this long after the active one died (services/router/leadership.py).
-    router_lease: float = Field(default=5.0, ge=1.0)
+    # over this long after the active one died (services/router/leadership.py). Longer than
+    # a JetStream cluster takes to elect the bucket's new leader after losing a node (2-8 s
+    # measured): with 5 s, the admitting router stepped down in every such election.
+    router_lease: float = Field(default=10.0, ge=1.0)
     work_credit: int = Field(default=4, ge=1, le=256)
     max_attempts: int = Field(default=5, ge=1, le=100)
     storage: Literal["file", "memory"] = "file"
