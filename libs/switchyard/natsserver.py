@@ -75,6 +75,8 @@ class EmbeddedNats:
     # The HTTP monitoring port (/varz, /jsz, /routez), 0 = none.
     monitor_port: int = 0
     membership: ClusterMembership | None = None
+    # A network namespace to run in (`ip netns exec`), to cut the server off in tests.
+    netns: str | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -115,8 +117,9 @@ class EmbeddedNats:
         conf = self.data_dir / "nats.conf"
         conf.write_text(self.config_text())
         log = (self.data_dir / "nats.log").open("ab")
+        inside = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.proc = subprocess.Popen(  # noqa: S603 - our own binary and config
-            [str(binary()), "-c", str(conf)],
+            [*inside, str(binary()), "-c", str(conf)],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=self.new_session,
@@ -177,22 +180,29 @@ class EmbeddedCluster:
     new_session: bool = False
     # Client ports to use (e.g. 4222, 4223, 4224); free ones when empty.
     ports: tuple[int, ...] = ()
+    # Per member: the address it listens on and the others reach it at (default `host`),
+    # and a network namespace to run it in (tests cut one member off that way).
+    hosts: tuple[str, ...] = ()
+    netns: tuple[str | None, ...] = ()
     servers: list[EmbeddedNats] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.size < 1:
             raise ValueError("a cluster needs at least one server")
-        if self.ports and len(self.ports) != self.size:
-            raise ValueError(f"{self.size} servers need {self.size} ports, got {self.ports}")
+        for what, given in (("ports", self.ports), ("hosts", self.hosts), ("netns", self.netns)):
+            if given and len(given) != self.size:
+                raise ValueError(f"{self.size} servers need {self.size} {what}, got {given}")
+        hosts = self.hosts or (self.host,) * self.size
         route_ports = [free_port() for _ in range(self.size)]
-        routes = tuple(f"nats-route://{self.host}:{p}" for p in route_ports)
+        routes = tuple(f"nats-route://{h}:{p}" for h, p in zip(hosts, route_ports, strict=True))
         for i in range(self.size):
             member = ClusterMembership(f"n{i + 1}", self.name, route_ports[i], routes)
             self.servers.append(
                 EmbeddedNats(
                     data_dir=self.data_dir / member.name,
                     port=self.ports[i] if self.ports else free_port(),
-                    host=self.host,
+                    host=hosts[i],
+                    netns=self.netns[i] if self.netns else None,
                     extra_config=self.extra_config,
                     sync_always=self.sync_always,
                     new_session=self.new_session,

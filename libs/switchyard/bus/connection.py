@@ -14,6 +14,8 @@ from switchyard.logging import get_logger
 
 log = get_logger(__name__)
 
+PING_INTERVAL = 5.0
+
 
 @dataclass
 class Bus:
@@ -50,6 +52,11 @@ async def connect(settings: Settings, name: str, **overrides: Any) -> Bus:
         "reconnect_time_wait": 0.5,
         "max_reconnect_attempts": -1,
         "connect_timeout": 5,
+        # A server cut off by the network (not killed: no reset reaches us) is noticed when
+        # pings go unanswered: 3 of them 5 s apart, then the client moves to another
+        # cluster member (nats-py's default waits 2 x 120 s).
+        "ping_interval": PING_INTERVAL,
+        "max_outstanding_pings": 3,
         # Drain waits for in-flight callbacks; a pull fetch cancelled mid-way never
         # completes, so do not let shutdown hang on it for nats-py's default 30 s.
         "drain_timeout": 5,
