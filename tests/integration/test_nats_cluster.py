@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import httpx
 import nats.errors
 import nats.js.errors
 import pytest
@@ -40,10 +41,12 @@ from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.config import Settings
 from switchyard.errors import ProvisioningError
 from switchyard.fleet.processes import Child
+from switchyard.fleet.readiness import wait_http
 from switchyard.messages.inference import ChatMessage, ChatRequest, Sampling
 from switchyard.natsserver import EmbeddedCluster, EmbeddedNats, binary
 from switchyard.ports import free_port
 from tests.support import netns
+from tests.support.edge import write_keys
 from tests.support.fleet import (
     preprocessor_in_process,
     service_process,
@@ -205,9 +208,9 @@ async def test_a_pull_outlives_the_death_of_its_consumers_leader(
 
 class Scenario:
     """A fleet on a cluster under a steady chat load: the preprocessor (in process), two
-    router processes, three sim worker processes, R3 streams; requests published on
-    `llm.in.<tenant>` by a client that retries with the same id until the cluster
-    acknowledges one. `report` checks each acknowledged request has exactly one result on
+    router processes, three sim worker processes, two edge processes, R3 streams; requests
+    published on `llm.in.<tenant>` by a client that retries with the same id until the
+    cluster acknowledges one, and chats through the edges. `report` checks each acknowledged request has exactly one result on
     RES and prints the wait and the longest gap between answers around each event."""
 
     def __init__(self, cluster: EmbeddedCluster, bus: Bus, unique: str, tmp: Path) -> None:
@@ -224,6 +227,10 @@ class Scenario:
         self.stop = asyncio.Event()
         self.routers: dict[str, Child] = {}
         self.workers: list[Child] = []
+        self.edges: list[tuple[str, Child]] = []  # (base URL, process)
+        self.keys = write_keys(tmp / "keys.yaml", {"sk-cluster": {"tenant": self.tenant}})
+        self.http_answered: dict[str, str] = {}  # Idempotency-Key -> the request id it got
+        self.http_failed: list[str] = []
 
     def event(self, what: str, which: str) -> None:
         self.events.append((what, which, time.time()))
@@ -246,14 +253,23 @@ class Scenario:
                     self.workers.append(procs.enter_context(
                         service_process("worker", url, SY_WORKER_ID=f"{pool}-w{i}", **worker)
                     ))  # fmt: skip
+                for _ in range(2):
+                    port = free_port()
+                    env = {"SY_PORT": str(port), "SY_API_KEYS_FILE": str(self.keys),
+                           "SY_CHAT_POOL": pool}  # fmt: skip
+                    edge = procs.enter_context(service_process("edge", url, **env))
+                    self.edges.append((f"http://127.0.0.1:{port}", edge))
                 await wait_for_pool(self.bus.js, pool, 3, parts)
-                loading = asyncio.create_task(self._load())
+                for base, _ in self.edges:
+                    await asyncio.to_thread(wait_http, f"{base}/readyz", timeout=60)
+                loading = [asyncio.create_task(self._load()), asyncio.create_task(self._http())]
                 try:
                     yield self
                 finally:
                     self.stop.set()
-                    await loading
-                await stored_results(self.bus, "llm", self.tenant, set(self.acked), timeout=60)
+                    await asyncio.gather(*loading)
+                ids = set(self.acked) | set(self.http_answered.values())
+                await stored_results(self.bus, "llm", self.tenant, ids, timeout=60)
                 await asyncio.sleep(2.0)  # room for a late duplicate
 
     async def _load(self) -> None:
@@ -277,8 +293,36 @@ class Scenario:
                 self.refused.append(chat.id)
             await asyncio.sleep(0.05)
 
+    async def _http(self) -> None:
+        """Chats through the two edges, alternating; a request whose edge fails (dies, or
+        the fleet cannot take it) is retried at the other with the same Idempotency-Key."""
+        body = {"model": "default", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8}  # fmt: skip
+        i = 0
+        async with httpx.AsyncClient(timeout=60) as http:
+            while not self.stop.is_set():
+                i += 1
+                key = f"k{self.unique}-{i}"
+                headers = {"Authorization": "Bearer sk-cluster", "Idempotency-Key": key}
+                for attempt in range(20):
+                    base = self.edges[(i + attempt) % 2][0]
+                    try:
+                        r = await http.post(f"{base}/v1/chat/completions", json=body,
+                                            headers=headers)  # fmt: skip
+                    except httpx.HTTPError:
+                        await asyncio.sleep(0.5)
+                        continue
+                    if r.status_code == 200:
+                        self.http_answered[key] = r.headers["x-request-id"]
+                        break
+                    await asyncio.sleep(0.5)  # 409: the original still runs; 5xx: try again
+                else:
+                    self.http_failed.append(key)
+                await asyncio.sleep(0.1)
+
     async def report(self, title: str) -> None:
-        stored = await stored_results(self.bus, "llm", self.tenant, set(self.acked), timeout=5)
+        ids = set(self.acked) | set(self.http_answered.values())
+        stored = await stored_results(self.bus, "llm", self.tenant, ids, timeout=5)
         answered = [(r.request_id, at) for r, at in stored]
         per_request = Counter(rid for rid, _ in answered)
         lost = set(self.acked) - set(per_request)
@@ -295,6 +339,12 @@ class Scenario:
             print(f"  {what} {which}: {len(during)} requests sent around it, "
                   f"wait p50 {statistics.median(during):.2f} s p99 {p99:.2f} s, "
                   f"longest gap between answers {gap:.2f} s")  # fmt: skip
+        print(f"  through two edges: {len(self.http_answered)} chats answered 200, "
+              f"{len(self.http_failed)} never answered")  # fmt: skip
+        assert len(self.http_answered) > 30 and not self.http_failed
+        http_ids = set(self.http_answered.values())
+        assert len(http_ids) == len(self.http_answered)  # one request per key
+        assert not http_ids - set(per_request), "an edge's 200 with no result on RES"
         assert len(self.acked) > 150 and not self.refused
         assert not lost, f"{len(lost)} acknowledged requests have no result: {sorted(lost)[:5]}"
         assert not doubled, doubled
@@ -305,8 +355,9 @@ async def test_the_fleet_loses_nothing_while_leaders_are_killed(
     cluster: EmbeddedCluster, cbus: Bus, unique: str, tmp_path: Path
 ) -> None:
     """The meta leader, then REQ's leader, then WORK's leader are killed -9 (each brought
-    back before the next), then the router holding the lease, then a worker: every request
-    the cluster acknowledged has exactly one result."""
+    back before the next), then the router holding the lease, a worker and an edge: every
+    request the cluster acknowledged has exactly one result, and every chat sent through
+    the edges (retried at the other one with its Idempotency-Key) one 200 and one result."""
     scenario = Scenario(cluster, cbus, unique, tmp_path)
     async with scenario.running():
         for what in ("meta", "REQ", "WORK"):
@@ -329,6 +380,9 @@ async def test_the_fleet_loses_nothing_while_leaders_are_killed(
         scenario.workers[0].proc.send_signal(signal.SIGKILL)
         scenario.event("kill -9 worker", f"{scenario.pool}-w0")
         await asyncio.sleep(8.0)
+        scenario.edges[0][1].proc.send_signal(signal.SIGKILL)
+        scenario.event("kill -9 edge", scenario.edges[0][0])
+        await asyncio.sleep(6.0)
     await scenario.report("cluster failover")
 
 
