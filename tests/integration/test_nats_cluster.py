@@ -210,8 +210,9 @@ class Scenario:
     """A fleet on a cluster under a steady chat load: the preprocessor (in process), two
     router processes, three sim worker processes, two edge processes, R3 streams; requests
     published on `llm.in.<tenant>` by a client that retries with the same id until the
-    cluster acknowledges one, and chats through the edges. `report` checks each acknowledged request has exactly one result on
-    RES and prints the wait and the longest gap between answers around each event."""
+    cluster acknowledges one, and chats through the edges. `report` checks each
+    acknowledged request has exactly one result on RES and prints the wait and the longest
+    gap between answers around each event."""
 
     def __init__(self, cluster: EmbeddedCluster, bus: Bus, unique: str, tmp: Path) -> None:
         self.cluster, self.bus = cluster, bus
