@@ -3,8 +3,9 @@
 The first request with a key claims it (KV create, so two racing edges cannot
 both win) and records its id; it stores the result when it succeeds. A retry
 of a finished request gets the stored result; a retry of a running one waits
-for that request's result on `res.<workload>.<tenant>` instead of generating
-again. A failed or cancelled request releases its key so a retry runs anew.
+for that request's result on `res.<workload>.<tenant>` (or finds it on RES, when it
+finished but its claim could not be updated) instead of generating again. A failed or
+cancelled request releases its key so a retry runs anew.
 Keys are scoped by tenant: another tenant's identical key is a different entry.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
+from collections.abc import Awaitable, Callable
 
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -21,9 +24,12 @@ from nats.js.kv import KeyValue
 from services.edge.errors import ApiError
 from switchyard import subjects
 from switchyard.bus.connection import Bus
+from switchyard.bus.publish import FAILOVER_PATIENCE, UNAVAILABLE
+from switchyard.bus.streamread import Window, read
 from switchyard.bus.topology import IDEMPOTENCY_BUCKET
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError
+from switchyard.ids import id_time
 from switchyard.messages.idempotency import Claim
 from switchyard.messages.inference import GenerateResult, Workload
 
@@ -65,17 +71,21 @@ class Idempotency:
                        code="idempotency")  # fmt: skip
 
     async def finish(self, tenant: str, key: str, claim: Claim, result: GenerateResult) -> None:
-        kv = await self.kv()
         if result.status == "ok":
             done = claim.model_copy(update={"state": "done", "result": result})
-            await kv.put(kv_key(tenant, key), encode(done))
+            await _patiently(lambda kv: kv.put(kv_key(tenant, key), encode(done)), self.kv)
         else:
             await self.release(tenant, key)
 
     async def release(self, tenant: str, key: str) -> None:
-        kv = await self.kv()
-        with contextlib.suppress(KeyNotFoundError):
-            await kv.delete(kv_key(tenant, key))
+        """Give the key up (the request failed or never left): tried through a bucket's
+        leader election, since a claim left behind would refuse every retry for a day."""
+
+        async def delete(kv: KeyValue) -> None:
+            with contextlib.suppress(KeyNotFoundError):
+                await kv.delete(kv_key(tenant, key))
+
+        await _patiently(delete, self.kv)
 
     async def wait_result(
         self, tenant: str, key: str, workload: Workload, request_id: str, timeout: float
@@ -99,9 +109,48 @@ class Idempotency:
                     claim = decode(entry.value, Claim)
                     if claim.result is not None and claim.request_id == request_id:
                         return claim.result
+            # Finished already, but its claim was not updated (the bucket had no leader
+            # when the original edge tried, or that edge died): RES has the result.
+            stored = await self._stored_result(workload, tenant, request_id)
+            if stored is not None:
+                return stored
             try:
                 return await asyncio.wait_for(found, timeout)
             except TimeoutError:
                 return None
         finally:
             await sub.unsubscribe()
+
+    async def _stored_result(
+        self, workload: Workload, tenant: str, request_id: str
+    ) -> GenerateResult | None:
+        """`request_id`'s result if RES holds one: the tenant's results since the request
+        was made (its id says when), read without a durable consumer."""
+        window = Window(subject=subjects.res(workload, tenant), since=id_time(request_id) - 1)
+        try:
+            async for stored in read(self.bus.js, "RES", window):
+                with contextlib.suppress(DecodeError):
+                    result = decode(stored.data, GenerateResult)
+                    if result.request_id == request_id:
+                        return result
+        except UNAVAILABLE:
+            return None
+        return None
+
+
+async def _patiently(
+    write: Callable[[KeyValue], Awaitable[object]], bucket: Callable[[], Awaitable[KeyValue]]
+) -> None:
+    """`write` to the bucket, tried again while the bus is unavailable (a cluster electing
+    the bucket's leader) for up to `FAILOVER_PATIENCE`."""
+    deadline = time.monotonic() + FAILOVER_PATIENCE
+    delay = 0.1
+    while True:
+        try:
+            await write(await bucket())
+            return
+        except UNAVAILABLE:
+            if time.monotonic() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 2)

@@ -17,6 +17,9 @@ from switchyard.codec import encode
 from switchyard.envelope import Envelope
 from switchyard.messages.inference import Cancel, GenerateResult, TokenFrame
 
+# How long a request waits for INGRESS to take it while a cluster elects its leader.
+INGRESS_PATIENCE = 15.0
+
 
 class Reply:
     def __init__(self, bus: Bus, *, idle_timeout: float) -> None:
@@ -32,7 +35,9 @@ class Reply:
         self.request_id, self.tenant = message.id, message.tenant
         sent = message.model_copy(update={"reply": self.reader.inbox})
         try:
-            await publish(self.bus.js, subject, sent)
+            # Patient: while INGRESS elects a new leader the client waits seconds for its
+            # answer instead of getting a 503 and retrying into the same election.
+            await publish(self.bus.js, subject, sent, patience=INGRESS_PATIENCE)
         except BaseException:
             await self.reader.__aexit__(None, None, None)
             raise

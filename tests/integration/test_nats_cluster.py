@@ -30,6 +30,7 @@ import pytest
 import yaml
 from nats.aio.msg import Msg
 from pydantic import SecretStr
+from typer.testing import CliRunner
 
 from services.router.leadership import Lease
 from switchyard import subjects
@@ -38,6 +39,7 @@ from switchyard.bus.consumer import PULL_HEARTBEAT, Puller
 from switchyard.bus.provision import provision as provision_topology
 from switchyard.bus.publish import publish
 from switchyard.bus.topology import TopologySettings, build_topology
+from switchyard.cli.app import app
 from switchyard.config import Settings
 from switchyard.errors import ProvisioningError
 from switchyard.fleet.processes import Child
@@ -384,7 +386,31 @@ async def test_the_fleet_loses_nothing_while_leaders_are_killed(
         scenario.edges[0][1].proc.send_signal(signal.SIGKILL)
         scenario.event("kill -9 edge", scenario.edges[0][0])
         await asyncio.sleep(6.0)
+        # The forensic tools on the cluster (a comma-separated URL): a request sent while
+        # REQ's leader was dead, traced, viewed, and replayed live on the surviving fleet.
+        killed_req = next(at for what, _, at in scenario.events if "REQ" in what)
+        rid = min(scenario.acked, key=lambda r: abs(scenario.acked[r] - killed_req))
+        await stored_results(cbus, "llm", scenario.tenant, {rid}, timeout=60)
+        url = ["--nats", cluster.url]
+        traced = json.loads(await cli("trace", rid, "--json", *url))
+        names = [hop["name"] for hop in traced["hops"]]
+        for hop in ("created", "stored", "prepared", "admitted", "dispatched", "started",
+                    "finished", "result stored"):  # fmt: skip
+            assert hop in names, names
+        viewed = await cli("replay", "--view", "--json", "--request-id", rid, *url)
+        assert rid in viewed and "llm.in." in viewed
+        diff = json.loads(
+            await cli("replay", "--live", "--json", "--request-id", rid, *url, codes=(0, 3))
+        )
+        assert diff["requests"] == 1 and diff["answered"] == 1, diff
     await scenario.report("cluster failover")
+
+
+async def cli(*args: str, codes: tuple[int, ...] = (0,)) -> str:
+    """`sy <args>` in a thread (the command runs its own event loop); its output."""
+    result = await asyncio.to_thread(CliRunner().invoke, app, list(args))
+    assert result.exit_code in codes, (result.output, result.exc_info)
+    return str(result.output)
 
 
 PARTITION_SKIP = netns.available()

@@ -23,13 +23,23 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from pydantic import SecretStr
 
+from services.edge.idempotency import Idempotency
 from services.preprocessor.window import WindowStore
-from switchyard.bus.connection import connect
+from services.router.leadership import Lease
+from switchyard.answers import result_for
+from switchyard.bus.connection import Bus, connect
+from switchyard.bus.kvkeys import kv_keys
 from switchyard.bus.provision import provision
-from switchyard.bus.topology import TopologySettings, build_topology
+from switchyard.bus.topology import TENANTS_BUCKET, TopologySettings, build_topology
+from switchyard.codec import encode
 from switchyard.config import Settings
 from switchyard.messages.agentwindow import WindowFrame
-from switchyard.messages.inference import FrameGeometry, Image
+from switchyard.messages.inference import (
+    ChatMessage,
+    FrameGeometry,
+    GenerateRequest,
+    Image,
+)
 from switchyard.natsserver import binary
 from switchyard.ports import free_port, reachable
 
@@ -469,6 +479,47 @@ async def test_the_preprocessor_keeps_agent_windows_in_kv(clients: dict[str, Use
     assert await store.get("acme", "s1", 3) == frame
     await store.forget("acme", "s1", range(3, 4))
     assert await store.get("acme", "s1", 3) is None
+    await me.settle()
+    assert not me.violations, me.violations
+
+
+async def test_the_router_holds_its_lease_and_resumes_usage(
+    clients: dict[str, UserConn],
+) -> None:
+    """The lease's real calls (status, create, update, delete) and the usage read a router
+    taking over makes (`fleet_tenants` keys and values), as the router user."""
+    me = clients["router"]
+    me.violations.clear()
+    js = me.nc.jetstream()
+    lease = Lease(js, "conf-test", ["conftest"])
+    stop = asyncio.Event()
+    assert await lease.acquire(stop)
+    holder = await lease.holder()
+    assert holder is not None and holder.router == "conf-test"
+    stop.set()
+    await lease.hold(stop)
+    await lease.release()
+    kv = await js.key_value(TENANTS_BUCKET)
+    await kv.put("acme.conf-test", b"x")
+    assert "acme.conf-test" in await kv_keys(js, TENANTS_BUCKET)
+    await me.settle()
+    assert not me.violations, me.violations
+
+
+async def test_the_edge_finds_a_stored_result_on_res(clients: dict[str, UserConn]) -> None:
+    """A retried Idempotency-Key whose original's claim was never updated: the edge user
+    reads the result back from RES (an ordered consumer)."""
+    me, admin = clients["edge"], clients["admin"]
+    me.violations.clear()
+    result = result_for(
+        GenerateRequest(tenant="acme", workload="llm", pool="llm",
+                        messages=[ChatMessage(role="user", content="hi")]),
+        "ok",
+    )  # fmt: skip
+    await admin.nc.jetstream().publish("res.llm.acme", encode(result))
+    idem = Idempotency(Bus(nc=me.nc, js=me.nc.jetstream(), settings=Settings()))
+    found = await idem.wait_result("acme", "key", "llm", result.request_id, timeout=1)
+    assert found is not None and found.request_id == result.request_id
     await me.settle()
     assert not me.violations, me.violations
 
