@@ -186,8 +186,11 @@ class Puller:
             self._changed.set()
         if status not in ("404", "408"):
             self._refused = True
-            log.warning("bus.pull_status", subject=self.next_subject, status=status,
-                        description=(msg.headers or {}).get(api.Header.DESCRIPTION))  # fmt: skip
+            why = (msg.headers or {}).get(api.Header.DESCRIPTION) or ""
+            # A consumer's leader moving (a JetStream cluster lost a node) is news, not
+            # trouble: every consumer of the fleet says it at once.
+            level = log.info if "Leadership Change" in why else log.warning
+            level("bus.pull_status", subject=self.next_subject, status=status, description=why)
 
 
 async def dead_letter(
