@@ -15,11 +15,9 @@ from openai import AsyncOpenAI
 
 from tests.support.edge import edge_in_process, write_keys
 from tests.support.fleet import (
-    preprocessor_in_process,
+    chat_fleet_in_process,
     provision_pool,
-    router_in_process,
     wait_for_pool,
-    worker_in_process,
 )
 
 POLICY = {
@@ -49,14 +47,8 @@ async def edge(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Async
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(bus.close)
         await stack.enter_async_context(
-            router_in_process(nats_url, partitions=4, pools=[pool], tenant_policy=policy,
-                              rebalance_interval=0.2)
-        )  # fmt: skip
-        await stack.enter_async_context(
-            worker_in_process(nats_url, pool=pool, engine="llamacpp", assignment="kv",
-                              worker_id=f"{pool}-w0", heartbeat_interval=0.3)
-        )  # fmt: skip
-        await stack.enter_async_context(preprocessor_in_process(nats_url, chat_pool=pool))
+            chat_fleet_in_process(nats_url, pool, policy, engine="llamacpp")
+        )
         url = await stack.enter_async_context(
             edge_in_process(nats_url, api_keys_file=keys, chat_pool=pool)
         )

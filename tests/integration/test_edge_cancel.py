@@ -25,11 +25,9 @@ from switchyard.codec import decode
 from switchyard.messages.inference import GenerateResult
 from tests.support.edge import edge_in_process, write_keys
 from tests.support.fleet import (
-    preprocessor_in_process,
+    chat_fleet_in_process,
     provision_pool,
-    router_in_process,
     wait_for_pool,
-    worker_in_process,
 )
 from tests.support.poll import until
 
@@ -57,15 +55,7 @@ async def edge(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Async
         mp.setenv("SY_SIM_DELAY_SCALE", DELAY_SCALE)
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(bus.close)
-            await stack.enter_async_context(
-                router_in_process(nats_url, partitions=4, pools=[POOL], tenant_policy=policy,
-                                  rebalance_interval=0.2)
-            )  # fmt: skip
-            await stack.enter_async_context(
-                worker_in_process(nats_url, pool=POOL, engine="sim", assignment="kv",
-                                  worker_id=f"{POOL}-w0", heartbeat_interval=0.3)
-            )  # fmt: skip
-            await stack.enter_async_context(preprocessor_in_process(nats_url, chat_pool=POOL))
+            await stack.enter_async_context(chat_fleet_in_process(nats_url, POOL, policy))
             url = await stack.enter_async_context(
                 edge_in_process(nats_url, api_keys_file=keys, chat_pool=POOL)
             )

@@ -22,11 +22,9 @@ from switchyard.messages.inference import GenerateRequest
 from switchyard.openai_compat import InvalidSession, requested_session, tenant_session
 from tests.support.edge import edge_in_process, write_keys
 from tests.support.fleet import (
-    preprocessor_in_process,
+    chat_fleet_in_process,
     provision_pool,
-    router_in_process,
     wait_for_pool,
-    worker_in_process,
 )
 from tests.support.poll import until
 
@@ -67,15 +65,7 @@ async def edge(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Async
         for tenant in TENANTS.values():
             sub = await bus.nc.subscribe(subjects.req("llm", tenant), cb=on_req)
             stack.push_async_callback(sub.unsubscribe)
-        await stack.enter_async_context(
-            router_in_process(nats_url, partitions=4, pools=[POOL], tenant_policy=policy,
-                              rebalance_interval=0.2)
-        )  # fmt: skip
-        await stack.enter_async_context(
-            worker_in_process(nats_url, pool=POOL, engine="sim", assignment="kv",
-                              worker_id=f"{POOL}-w0", heartbeat_interval=0.3)
-        )  # fmt: skip
-        await stack.enter_async_context(preprocessor_in_process(nats_url, chat_pool=POOL))
+        await stack.enter_async_context(chat_fleet_in_process(nats_url, POOL, policy))
         out.url = await stack.enter_async_context(
             edge_in_process(nats_url, api_keys_file=keys, chat_pool=POOL)
         )

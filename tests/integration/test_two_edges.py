@@ -21,13 +21,11 @@ from switchyard.fleet.readiness import wait_http
 from switchyard.ports import free_port
 from tests.support.edge import write_keys
 from tests.support.fleet import (
-    preprocessor_in_process,
+    chat_fleet_in_process,
     provision_pool,
-    router_in_process,
     service_process,
     stored_results,
     wait_for_pool,
-    worker_in_process,
 )
 from tests.support.poll import until
 
@@ -54,15 +52,7 @@ async def edges(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asyn
         mp.setenv("SY_SIM_DELAY_SCALE", "0.3")
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(bus.close)
-            await stack.enter_async_context(
-                router_in_process(nats_url, partitions=4, pools=[POOL], tenant_policy=policy,
-                                  rebalance_interval=0.2)
-            )  # fmt: skip
-            await stack.enter_async_context(
-                worker_in_process(nats_url, pool=POOL, engine="sim", assignment="kv",
-                                  worker_id=f"{POOL}-w0", heartbeat_interval=0.3)
-            )  # fmt: skip
-            await stack.enter_async_context(preprocessor_in_process(nats_url, chat_pool=POOL))
+            await stack.enter_async_context(chat_fleet_in_process(nats_url, POOL, policy))
             urls = []
             for _ in range(2):
                 port = free_port()

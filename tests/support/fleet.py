@@ -175,3 +175,19 @@ async def stored_results(
         if ids <= {r.request_id for r, _ in found} or time.monotonic() > deadline:
             return found
         await asyncio.sleep(0.5)
+
+
+@contextlib.asynccontextmanager
+async def chat_fleet_in_process(
+    nats_url: str, pool: str, policy: Path, engine: str = "sim"
+) -> AsyncIterator[None]:
+    """What a chat needs behind an edge, on this loop: the router (over `pool`, tenant
+    policies from `policy`), one worker `<pool>-w0` with `engine`, the preprocessor."""
+    async with (
+        router_in_process(nats_url, partitions=4, pools=[pool], tenant_policy=policy,
+                          rebalance_interval=0.2),
+        worker_in_process(nats_url, pool=pool, engine=engine, assignment="kv",
+                          worker_id=f"{pool}-w0", heartbeat_interval=0.3),
+        preprocessor_in_process(nats_url, chat_pool=pool),
+    ):  # fmt: skip
+        yield
