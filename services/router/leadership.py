@@ -101,7 +101,9 @@ class Lease:
                 return True
             except KeyWrongLastSequenceError:
                 if not announced:
-                    current = await self.holder()
+                    current = None
+                    with contextlib.suppress(*UNAVAILABLE):  # only for the log line
+                        current = await self.holder()
                     log.info("router.standing_by", key=self.key,
                              holder=current.router if current else None)  # fmt: skip
                     announced = True
@@ -114,8 +116,13 @@ class Lease:
     async def hold(self, stop: asyncio.Event) -> None:
         """Renew the lease until `stop`; returns early, having stepped down, once it is
         lost (another router holds it, or it could not be renewed in time)."""
-        kv = await self._bucket()
-        while not stop.is_set() and self.held:
+        try:
+            kv = await self._bucket()
+        except RENEWAL_FAILED as exc:  # looked up moments ago by `acquire`: rare
+            log.warning("router.lease_renewal_failed", error=repr(exc))
+            self._revision = 0
+            kv = None
+        while kv is not None and not stop.is_set() and self.held:
             wait = min(self.ttl / 4, max(0.0, self._deadline - time.monotonic()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait)

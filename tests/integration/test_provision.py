@@ -42,8 +42,12 @@ async def test_incompatible_stream_is_reported_not_recreated(bus: Bus, unique: s
     assert (await bus.js.stream_info(f"T{unique}")).state.messages == 1  # nothing lost
 
 
-async def test_bucket_with_other_ttl_is_reported(bus: Bus, unique: str) -> None:
+async def test_a_buckets_ttl_is_changed_in_place(bus: Bus, unique: str) -> None:
     await ensure_bucket(bus.js, BucketSpec(f"b{unique}", 10))
+    kv = await bus.js.key_value(f"b{unique}")
+    await kv.put("k", b"kept")
     assert (await ensure_bucket(bus.js, BucketSpec(f"b{unique}", 10))).action == "unchanged"
-    with pytest.raises(ProvisioningError, match="TTL"):
-        await ensure_bucket(bus.js, BucketSpec(f"b{unique}", 30))
+    changed = await ensure_bucket(bus.js, BucketSpec(f"b{unique}", 30))
+    assert (changed.action, changed.detail) == ("updated", "ttl 10 -> 30 s")
+    assert (await kv.status()).ttl == 30
+    assert (await kv.get("k")).value == b"kept"

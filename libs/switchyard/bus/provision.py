@@ -227,18 +227,16 @@ async def ensure_bucket(js: JetStreamContext, spec: BucketSpec, rescale: bool = 
         except REFUSED as exc:
             raise _refused(f"KV bucket {spec.name}", exc) from exc
         return Change("bucket", spec.name, "created")
-    if not _close(status.ttl, spec.ttl or None):
-        raise ProvisioningError(
-            f"KV bucket {spec.name} has TTL {status.ttl}s, declared {spec.ttl}s; "
-            "a bucket's TTL cannot change in place: delete it deliberately (it holds only "
-            "soft state) and provision again"
-        )
-    # A bucket is the stream KV_<name>: its copies change the way a stream's do.
+    # A bucket is the stream KV_<name>: its TTL is the stream's max age (the server changes
+    # it in place, entries stay), and its copies change the way a stream's do.
     config = status.stream_info.config
     what = f"KV bucket {spec.name}"
     changed = _layout(what, config.num_replicas, _placement_tags(config.placement), spec, rescale)
+    if not _close(status.ttl, spec.ttl or None):
+        changed.append(f"ttl {status.ttl or 0:g} -> {spec.ttl:g} s")
     if not changed:
         return Change("bucket", spec.name, "unchanged")
+    config.max_age = spec.ttl or 0.0
     config.num_replicas = spec.replicas
     config.placement = _placement(spec.placement_tags)
     try:

@@ -216,7 +216,8 @@ def build_topology(s: TopologySettings) -> Topology:
         BucketSpec(ASSIGNMENTS_BUCKET, 0, 1, "Partition -> worker, written with CAS."),
         BucketSpec(IDEMPOTENCY_BUCKET, s.idempotency_ttl, 1, "Idempotency-Key -> request id."),
         BucketSpec(SESSIONS_BUCKET, s.session_ttl, 1, "Session -> worker (TTL, create/CAS)."),
-        BucketSpec(TENANTS_BUCKET, s.heartbeat_ttl, 1, "Per-tenant usage, from each router."),
+        # Outlives the router lease: a router taking over resumes tenants' usage from it.
+        BucketSpec(TENANTS_BUCKET, s.heartbeat_ttl + s.router_lease, 1, "Tenants' usage."),
         BucketSpec(WINDOWS_BUCKET, s.agent_window_ttl, 1, "Agent sessions' window frames (TTL)."),
         BucketSpec(ROUTER_BUCKET, s.router_lease, 1, "The active router's lease (TTL)."),
     )
