@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import time
-from collections.abc import Awaitable, Callable
 
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -24,7 +22,7 @@ from nats.js.kv import KeyValue
 from services.edge.errors import ApiError
 from switchyard import subjects
 from switchyard.bus.connection import Bus
-from switchyard.bus.publish import FAILOVER_PATIENCE, UNAVAILABLE
+from switchyard.bus.publish import FAILOVER_PATIENCE, UNAVAILABLE, patiently
 from switchyard.bus.streamread import Window, read
 from switchyard.bus.topology import IDEMPOTENCY_BUCKET
 from switchyard.codec import decode, encode
@@ -73,7 +71,11 @@ class Idempotency:
     async def finish(self, tenant: str, key: str, claim: Claim, result: GenerateResult) -> None:
         if result.status == "ok":
             done = claim.model_copy(update={"state": "done", "result": result})
-            await _patiently(lambda kv: kv.put(kv_key(tenant, key), encode(done)), self.kv)
+
+            async def put() -> None:
+                await (await self.kv()).put(kv_key(tenant, key), encode(done))
+
+            await patiently(put, FAILOVER_PATIENCE, what=kv_key(tenant, key))
         else:
             await self.release(tenant, key)
 
@@ -81,11 +83,11 @@ class Idempotency:
         """Give the key up (the request failed or never left): tried through a bucket's
         leader election, since a claim left behind would refuse every retry for a day."""
 
-        async def delete(kv: KeyValue) -> None:
+        async def delete() -> None:
             with contextlib.suppress(KeyNotFoundError):
-                await kv.delete(kv_key(tenant, key))
+                await (await self.kv()).delete(kv_key(tenant, key))
 
-        await _patiently(delete, self.kv)
+        await patiently(delete, FAILOVER_PATIENCE, what=kv_key(tenant, key))
 
     async def wait_result(
         self, tenant: str, key: str, workload: Workload, request_id: str, timeout: float
@@ -136,21 +138,3 @@ class Idempotency:
         except UNAVAILABLE:
             return None
         return None
-
-
-async def _patiently(
-    write: Callable[[KeyValue], Awaitable[object]], bucket: Callable[[], Awaitable[KeyValue]]
-) -> None:
-    """`write` to the bucket, tried again while the bus is unavailable (a cluster electing
-    the bucket's leader) for up to `FAILOVER_PATIENCE`."""
-    deadline = time.monotonic() + FAILOVER_PATIENCE
-    delay = 0.1
-    while True:
-        try:
-            await write(await bucket())
-            return
-        except UNAVAILABLE:
-            if time.monotonic() + delay > deadline:
-                raise
-            await asyncio.sleep(delay)
-            delay = min(2.0, delay * 2)

@@ -59,21 +59,24 @@ class Lease:
         self.since = 0.0
         self._revision = 0
         self._deadline = 0.0  # monotonic: until when this router may act as the holder
+        self._kv: KeyValue | None = None
 
     @property
     def held(self) -> bool:
         return self._revision != 0 and time.monotonic() < self._deadline
 
     async def _bucket(self) -> KeyValue:
-        kv = await self.js.key_value(ROUTER_BUCKET)
-        if not self.ttl:
-            status = await kv.status()
-            self.ttl = float(status.ttl or 0.0)
-            if self.ttl <= 2 * MARGIN:
+        """The bucket, looked up (and its TTL read) once: every acquire attempt and renewal
+        then goes to the stream's own subjects, not to the JetStream API again."""
+        if self._kv is None:
+            kv = await self.js.key_value(ROUTER_BUCKET)
+            ttl = float((await kv.status()).ttl or 0.0)
+            if ttl <= 2 * MARGIN:
                 raise ValueError(
                     f"KV {ROUTER_BUCKET} needs a TTL above {2 * MARGIN}s: provision it"
                 )
-        return kv
+            self._kv, self.ttl = kv, ttl
+        return self._kv
 
     def _value(self) -> bytes:
         return encode(RouterLease(router=self.router, since=self.since, at=time.time()))

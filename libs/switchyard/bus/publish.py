@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -16,6 +18,8 @@ from switchyard.envelope import Envelope
 from switchyard.logging import get_logger
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 MSG_ID = "Nats-Msg-Id"
 TRACEPARENT = "traceparent"
@@ -68,16 +72,27 @@ async def publish(
     `patience`: for how many seconds an unavailable bus (`UNAVAILABLE`) is tried again
     (backing off from 0.1 to 2 s) before its error is raised; 0 raises it at once."""
     data, headers = encode(message), trace_headers(message, msg_id)
-    deadline = time.monotonic() + patience
     if patience and timeout is None:
         timeout = PATIENT_ATTEMPT
+
+    async def attempt() -> PubAck:
+        return await js.publish(subject, data, headers=dict(headers), timeout=timeout)
+
+    return await patiently(attempt, patience, what=subject)
+
+
+async def patiently(attempt: Callable[[], Awaitable[T]], patience: float, *, what: str) -> T:
+    """`attempt()`, tried again while the bus is unavailable (`UNAVAILABLE`: a cluster
+    electing a stream's leader) for up to `patience` seconds, backing off from 0.1 to 2 s;
+    then its error is raised (at once when `patience` is 0)."""
+    deadline = time.monotonic() + patience
     delay = 0.1
     while True:
         try:
-            return await js.publish(subject, data, headers=dict(headers), timeout=timeout)
+            return await attempt()
         except UNAVAILABLE as exc:
             if time.monotonic() + delay > deadline:
                 raise
-            log.info("bus.publish_retry", subject=subject, error=repr(exc), delay=delay)
+            log.info("bus.publish_retry", subject=what, error=repr(exc), delay=delay)
             await asyncio.sleep(delay)
             delay = min(2.0, delay * 2)
