@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import itertools
 import json
 import os
@@ -29,6 +30,7 @@ import nats.js.errors
 import pytest
 import yaml
 from nats.aio.msg import Msg
+from PIL import Image, ImageDraw
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
@@ -38,16 +40,21 @@ from switchyard.bus.connection import Bus, connect
 from switchyard.bus.consumer import PULL_HEARTBEAT, Puller
 from switchyard.bus.provision import provision as provision_topology
 from switchyard.bus.publish import publish
+from switchyard.bus.tokenstream import TokenStreamReader
 from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.cli.app import app
 from switchyard.config import Settings
-from switchyard.errors import ProvisioningError
+from switchyard.errors import ProvisioningError, StreamTimeout
 from switchyard.fleet.processes import Child
 from switchyard.fleet.readiness import wait_http
+from switchyard.messages.agent import AgentStep, RawFrame, StepOptions
 from switchyard.messages.inference import ChatMessage, ChatRequest, Sampling
+from switchyard.messages.sql import AuditEvent
 from switchyard.natsserver import EmbeddedCluster, EmbeddedNats, binary
 from switchyard.ports import free_port
+from switchyard.sqlguard.audit import publish_audit
 from tests.support import netns
+from tests.support.auditenv import AuditEnv, AuditorProcess, audit_env
 from tests.support.edge import write_keys
 from tests.support.fleet import (
     preprocessor_in_process,
@@ -62,6 +69,7 @@ USERS = (
     "admin", "edge", "preprocessor", "router", "worker", "sqlflow", "validator", "executor",
     "auditor",
 )  # fmt: skip
+PHONES = 6  # cloud phones stepping agent episodes in the scenario
 
 # What a client retries on while the cluster elects a new leader.
 FAILOVER = (
@@ -209,15 +217,20 @@ async def test_a_pull_outlives_the_death_of_its_consumers_leader(
 
 
 class Scenario:
-    """A fleet on a cluster under a steady chat load: the preprocessor (in process), two
-    router processes, three sim worker processes, two edge processes, R3 streams; requests
-    published on `llm.in.<tenant>` by a client that retries with the same id until the
-    cluster acknowledges one, and chats through the edges. `report` checks each
-    acknowledged request has exactly one result on RES and prints the wait and the longest
-    gap between answers around each event."""
+    """A fleet on a cluster under a steady load: the preprocessor (in process), two router
+    processes, three sim worker processes, two edge processes, the auditor process, R3
+    streams. The load: chats published on `llm.in.<tenant>` by a client that retries with
+    the same id until the cluster acknowledges one; chats through the edges; phones
+    stepping agent episodes on `agent.in.<tenant>` (one step at a time each, the next when
+    the answer came or was given up on); audit events published as the executor does.
+    `report` checks each acknowledged request has exactly one result on RES and each
+    acknowledged audit event one row in the audit table, and prints the wait and the
+    longest gap between answers around each event."""
 
-    def __init__(self, cluster: EmbeddedCluster, bus: Bus, unique: str, tmp: Path) -> None:
-        self.cluster, self.bus = cluster, bus
+    def __init__(
+        self, cluster: EmbeddedCluster, bus: Bus, unique: str, tmp: Path, audit: AuditEnv
+    ) -> None:
+        self.cluster, self.bus, self.audit, self.tmp = cluster, bus, audit, tmp
         self.pool, self.tenant, self.parts = f"c{unique}", f"t{unique}", 4
         self.unique = unique
         self.policy = tmp / "tenants.yaml"
@@ -234,6 +247,8 @@ class Scenario:
         self.keys = write_keys(tmp / "keys.yaml", {"sk-cluster": {"tenant": self.tenant}})
         self.http_answered: dict[str, str] = {}  # Idempotency-Key -> the request id it got
         self.http_failed: list[str] = []
+        self.steps: dict[str, float] = {}  # agent step id -> when the cluster acknowledged it
+        self.audited: set[str] = set()  # audit event ids the cluster acknowledged
 
     def event(self, what: str, which: str) -> None:
         self.events.append((what, which, time.time()))
@@ -245,8 +260,11 @@ class Scenario:
         url, pool, parts = self.cluster.url, self.pool, self.parts
         worker = {"SY_ASSIGNMENT": "kv", "SY_POOL": pool, "SY_ENGINE": "sim",
                   "SY_PARTITIONS": str(parts)}  # fmt: skip
-        async with preprocessor_in_process(url, chat_pool=pool):
+        async with preprocessor_in_process(url, chat_pool=pool, agent_pool=pool, frame_procs=0):
             with contextlib.ExitStack() as procs:
+                auditor = AuditorProcess(self.audit, self.tmp / "auditor.log")
+                procs.callback(auditor.stop)
+                await asyncio.to_thread(auditor.start, 60.0)
                 for name in ("r1", "r2"):
                     env = {"SY_ROUTER_ID": name, "SY_POOLS": f'["{pool}"]',
                            "SY_PARTITIONS": str(parts), "SY_TENANT_POLICY": str(self.policy),
@@ -265,7 +283,9 @@ class Scenario:
                 await wait_for_pool(self.bus.js, pool, 3, parts)
                 for base, _ in self.edges:
                     await asyncio.to_thread(wait_http, f"{base}/readyz", timeout=60)
-                loading = [asyncio.create_task(self._load()), asyncio.create_task(self._http())]
+                loads = [self._load(), self._http(), self._audit_events()]
+                loads += [self._phone(i) for i in range(PHONES)]
+                loading = [asyncio.create_task(load) for load in loads]
                 try:
                     yield self
                 finally:
@@ -273,6 +293,9 @@ class Scenario:
                     await asyncio.gather(*loading)
                 ids = set(self.acked) | set(self.http_answered.values())
                 await stored_results(self.bus, "llm", self.tenant, ids, timeout=60)
+                await stored_results(self.bus, "agent", self.tenant, set(self.steps), timeout=60)
+                await until(lambda: self.audit.count() >= len(self.audited), timeout=60,
+                            what="every acknowledged audit event in the audit table")  # fmt: skip
                 await asyncio.sleep(2.0)  # room for a late duplicate
 
     async def _load(self) -> None:
@@ -295,6 +318,57 @@ class Scenario:
             else:
                 self.refused.append(chat.id)
             await asyncio.sleep(0.05)
+
+    async def _phone(self, phone: int) -> None:
+        """One cloud phone stepping an episode: a step, its answer (or giving up on it after
+        a while, as a phone's client does), the next step."""
+        frame = RawFrame(data=png(phone), mime="image/png")
+        step = 0
+        while not self.stop.is_set():
+            step += 1
+            async with TokenStreamReader(self.bus.nc, idle_timeout=20) as reader:
+                sent_step = AgentStep(
+                    tenant=self.tenant, session=f"ep{self.unique}-{phone}", step=step,
+                    frame_ts=time.time(), stale_after=3.0, frames=[frame], goal="play",
+                    options=StepOptions(max_tokens=16), reply=reader.inbox,
+                )  # fmt: skip
+                if not await self._acknowledged(subjects.agent_in(self.tenant), sent_step):
+                    self.refused.append(sent_step.id)
+                    continue
+                self.steps[sent_step.id] = sent_step.created_at
+                with contextlib.suppress(StreamTimeout):
+                    async for _ in reader:
+                        pass
+            await asyncio.sleep(0.2)
+
+    async def _audit_events(self) -> None:
+        """Decisions audited the way the executor does it (`publish_audit`): an event the
+        cluster acknowledged must reach the audit table, once."""
+        i = 0
+        while not self.stop.is_set():
+            i += 1
+            event = AuditEvent(
+                tenant=self.tenant, request_id=f"q{i}", event="execute", actor="executor",
+                verdict="ok", sql=f"SELECT {i} FROM dau", question=f"question {i}",
+                rows_scanned=i, rows_returned=1, duration=0.01,
+            )  # fmt: skip
+            for _ in range(60):  # the executor would refuse the query; a retry audits anew
+                try:
+                    await publish_audit(self.bus.js, event)
+                    self.audited.add(event.id)
+                    break
+                except FAILOVER:
+                    await asyncio.sleep(0.5)
+            await asyncio.sleep(0.1)
+
+    async def _acknowledged(self, subject: str, message: AgentStep) -> bool:
+        for _ in range(60):  # a client retrying with the same id (deduped by the stream)
+            try:
+                await publish(self.bus.js, subject, message, timeout=2)
+                return True
+            except FAILOVER:
+                await asyncio.sleep(0.5)
+        return False
 
     async def _http(self) -> None:
         """Chats through the two edges, alternating; a request whose edge fails (dies, or
@@ -344,7 +418,24 @@ class Scenario:
                   f"longest gap between answers {gap:.2f} s")  # fmt: skip
         print(f"  through two edges: {len(self.http_answered)} chats answered 200, "
               f"{len(self.http_failed)} never answered")  # fmt: skip
+        steps = await stored_results(self.bus, "agent", self.tenant, set(self.steps), timeout=5)
+        per_step = Counter(r.request_id for r, _ in steps)
+        statuses = Counter(r.status for r, _ in steps if r.request_id in self.steps)
+        steps_lost = set(self.steps) - set(per_step)
+        steps_doubled = {rid: n for rid, n in per_step.items() if n > 1}
+        print(f"  agent steps: {len(self.steps)} acknowledged, {dict(statuses)}, "
+              f"{len(steps_lost)} lost, {len(steps_doubled)} doubled")  # fmt: skip
+        rows = Counter(self.audit.event_ids())
+        print(f"  audit events: {len(self.audited)} acknowledged, {len(rows)} in the audit "
+              f"table, {len(self.audited - set(rows))} lost, "
+              f"{sum(n > 1 for n in rows.values())} stored twice")  # fmt: skip
         # (How many depends on the scenario's length and the box: enough to mean something.)
+        assert len(self.steps) >= 20 and not steps_lost and not steps_doubled
+        # Answered or refused with a reason (a step too old to act on is never run).
+        assert set(statuses) <= {"ok", "stale", "superseded", "expired"}, statuses
+        assert statuses["ok"] >= len(self.steps) // 2, statuses
+        assert len(self.audited) >= 50 and self.audited <= set(rows)
+        assert all(n == 1 for n in rows.values()), rows.most_common(3)
         assert len(self.http_answered) >= 10 and not self.http_failed
         http_ids = set(self.http_answered.values())
         assert len(http_ids) == len(self.http_answered)  # one request per key
@@ -355,14 +446,22 @@ class Scenario:
         assert all(waits[rid] < 40 for rid in waits), max(waits.values())
 
 
+@pytest.fixture
+def audit(mysql_dsn: str, unique: str, cluster: EmbeddedCluster) -> Iterator[AuditEnv]:
+    """A private audit database; the auditor reads the topology's own AUDIT stream."""
+    with audit_env(mysql_dsn, unique, cluster.url, audit_stream="AUDIT",
+                   audit_durable="auditor") as env:  # fmt: skip
+        yield env
+
+
 async def test_the_fleet_loses_nothing_while_leaders_are_killed(
-    cluster: EmbeddedCluster, cbus: Bus, unique: str, tmp_path: Path
+    cluster: EmbeddedCluster, cbus: Bus, unique: str, tmp_path: Path, audit: AuditEnv
 ) -> None:
     """The meta leader, then REQ's leader, then WORK's leader are killed -9 (each brought
     back before the next), then the router holding the lease, a worker and an edge: every
     request the cluster acknowledged has exactly one result, and every chat sent through
     the edges (retried at the other one with its Idempotency-Key) one 200 and one result."""
-    scenario = Scenario(cluster, cbus, unique, tmp_path)
+    scenario = Scenario(cluster, cbus, unique, tmp_path, audit)
     async with scenario.running():
         for what in ("meta", "REQ", "WORK"):
             await asyncio.sleep(4.0)
@@ -418,7 +517,9 @@ PARTITION_SKIP = netns.available()
 
 
 @pytest.mark.skipif(PARTITION_SKIP is not None, reason=str(PARTITION_SKIP))
-async def test_the_fleet_loses_nothing_when_a_node_is_cut_off(tmp_path: Path, unique: str) -> None:
+async def test_the_fleet_loses_nothing_when_a_node_is_cut_off(
+    tmp_path: Path, unique: str, mysql_dsn: str
+) -> None:
     """A network partition, not a kill: the member leading REQ and WORK runs in its own
     network namespace, whose link goes down for 12 s (no reset reaches its peers or its
     clients), then comes back. Every acknowledged request is answered exactly once."""
@@ -427,10 +528,11 @@ async def test_the_fleet_loses_nothing_when_a_node_is_cut_off(tmp_path: Path, un
             tmp_path / "cluster", 3, hosts=(ns.host_ip, ns.host_ip, ns.inner_ip),
             netns=(None, None, ns.name),
         )  # fmt: skip
-        with group:
+        with group, audit_env(mysql_dsn, unique, group.url, audit_stream="AUDIT",
+                              audit_durable="auditor") as audit:  # fmt: skip
             bus = await connect(Settings(nats_url=group.url), "test-partition")
             try:
-                scenario = Scenario(group, bus, unique, tmp_path)
+                scenario = Scenario(group, bus, unique, tmp_path, audit)
                 async with scenario.running():
                     for stream in ("REQ", "WORK"):  # lead both from the member to be cut off
                         await lead_from(bus, stream, "n3")
@@ -530,6 +632,15 @@ async def test_the_compose_cluster_config_forms_a_replicated_cluster(tmp_path: P
             proc.wait(10)
         for log in logs:
             log.close()
+
+
+def png(seed: int) -> bytes:
+    """A small game-like screen, as a phone would send it."""
+    img = Image.new("RGB", (320, 180), (40, 90, 160))
+    ImageDraw.Draw(img).rectangle((20 + seed * 9, 60, 120 + seed * 9, 100), fill=(240, 160, 40))
+    out = io.BytesIO()
+    img.save(out, format="PNG")
+    return out.getvalue()
 
 
 def _json(url: str) -> dict[str, Any]:

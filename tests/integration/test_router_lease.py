@@ -81,7 +81,7 @@ async def test_two_routers_hold_a_tenant_to_its_itpm(
     and the router taking over does not hand the tenant a fresh minute's worth."""
     pool, tenant, parts = f"ip{unique}", f"t{unique}", 4
     await provision_pool(bus.js, pool, partitions=parts)
-    itpm, prompt, window = 60_000, 100, 30.0  # 1,000 tokens/s: 10 requests of 100 a second
+    itpm, prompt, window = 60_000, 100, 60.0  # 1,000 tokens/s: 10 requests of 100 a second
     policy = _policy(tmp_path, itpm)
     worker = {"SY_ASSIGNMENT": "kv", "SY_POOL": pool, "SY_ENGINE": "sim",
               "SY_PARTITIONS": str(parts), "SY_WORKER_ID": f"{pool}-w0"}  # fmt: skip

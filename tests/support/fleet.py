@@ -164,14 +164,16 @@ async def stored_results(
     """Every result of `tenant` on RES with when RES stored it, once each of `ids` has
     one (or `timeout` passed): what the fleet answered, whatever its clients saw."""
     deadline = time.monotonic() + timeout
+    found: list[tuple[GenerateResult, float]] = []
+    next_seq = 1  # each poll reads only what RES stored since the last one
     while True:
-        found: list[tuple[GenerateResult, float]] = []
         try:
-            window = Window(subject=subjects.res(workload, tenant))
+            window = Window(subject=subjects.res(workload, tenant), first_seq=next_seq)
             async for stored in read(bus.js, "RES", window):
                 found.append((decode(stored.data, GenerateResult), stored.time))
+                next_seq = stored.seq + 1
         except UNAVAILABLE:
-            found = []
+            pass  # an election: what was read stays read; the next poll goes on from there
         if ids <= {r.request_id for r, _ in found} or time.monotonic() > deadline:
             return found
         await asyncio.sleep(0.5)
