@@ -7,6 +7,13 @@ for that request's result on `res.<workload>.<tenant>` (or finds it on RES, when
 finished but its claim could not be updated) instead of generating again. A failed or
 cancelled request releases its key so a retry runs anew.
 Keys are scoped by tenant: another tenant's identical key is a different entry.
+
+An edge that dies between claiming a key and publishing its request leaves a claim no
+request will ever finish. A retry of a claim that is still running `ORPHAN_AFTER` after
+its request was made publishes its own (identical) request under the claim's request id
+(`orphaned`): INGRESS dedupes ids, so if the original did reach the fleet nothing new is
+stored and the retry waits for that one's result; if it never did, the retry's copy runs
+as the original.
 """
 
 from __future__ import annotations
@@ -14,17 +21,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from services.edge.errors import ApiError
+from services.edge.replies import INGRESS_PATIENCE
 from switchyard import subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.publish import FAILOVER_PATIENCE, UNAVAILABLE, patiently
 from switchyard.bus.streamread import Window, read
-from switchyard.bus.topology import IDEMPOTENCY_BUCKET
+from switchyard.bus.topology import IDEMPOTENCY_BUCKET, StreamSpec
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError
 from switchyard.ids import id_time
@@ -32,6 +41,21 @@ from switchyard.messages.idempotency import Claim
 from switchyard.messages.inference import GenerateResult, Workload
 
 CLAIM_ATTEMPTS = 3  # a key released between our create and our read is claimed afresh
+# A live edge has published its request (or released the key) this long after making it:
+# its INGRESS publish gives up after INGRESS_PATIENCE.
+ORPHAN_AFTER = INGRESS_PATIENCE + 5.0
+# Only while INGRESS still dedupes the original's id can a copy be published safely.
+ORPHAN_BEFORE = StreamSpec.duplicate_window - 20.0
+
+
+def orphaned(claim: Claim, fingerprint: str, now: float | None = None) -> bool:
+    """Whether `claim` may have been left by an edge that died before publishing its
+    request, so a retry of the same request should publish it again under its id."""
+    age = (time.time() if now is None else now) - id_time(claim.request_id)
+    return (
+        claim.state == "running" and claim.result is None and claim.fingerprint == fingerprint
+        and ORPHAN_AFTER <= age < ORPHAN_BEFORE
+    )  # fmt: skip
 
 
 def fingerprint(body: bytes) -> str:

@@ -3,7 +3,9 @@
 `request_lifecycle` is the one place that, in order:
 
 1. claims the request's `Idempotency-Key`, if it has one; a key an earlier request holds
-   yields a `Replay` instead (that request's result, never a new run);
+   yields a `Replay` instead (that request's result, never a new run), unless that claim
+   looks orphaned (`idempotency.orphaned`): then this request is published under its id,
+   and runs as it if INGRESS had never stored it;
 2. publishes the message with a reply inbox (`Reply`) and yields a `Flight` to read it;
 3. while the route waits (`Flight.result`), watches the client: gone -> the wait ends;
 4. on the way out, whatever happened: an unfinished request is cancelled on the fleet, a
@@ -25,6 +27,7 @@ from fastapi import Request
 
 from services.edge import metrics
 from services.edge.errors import NO_OVERRIDES, ApiError, ClientGone, Statuses
+from services.edge.idempotency import orphaned
 from services.edge.replies import Reply
 from services.edge.state import EdgeState
 from switchyard import subjects
@@ -142,21 +145,31 @@ async def request_lifecycle(
     """Claim `key` (if given) for `message`, publish it, and clean up after it; see the
     module's docstring. `fingerprint` identifies the request's content, so a key reused
     for a different request is refused; `statuses` are the route's over `errors.STATUS`."""
-    claim = None
+    claim, adopting = None, False
     if key:
         claim = Claim(request_id=message.id, fingerprint=fingerprint)
         held, ours = await state.idempotency.claim(message.tenant, key, claim)
         if not ours:
-            yield Replay(state, message.tenant, key, workload, held, claim)
-            return
+            if not orphaned(held, fingerprint):
+                yield Replay(state, message.tenant, key, workload, held, claim)
+                return
+            adopting, mine = True, claim
+            claim, message = held, message.model_copy(update={"id": held.request_id})
     reply = Reply(state.bus, idle_timeout=state.settings.idle_timeout)
     try:
-        await reply.start(INGRESS[workload](message.tenant), message)
+        stored = await reply.start(INGRESS[workload](message.tenant), message)
     except BaseException:
-        if key:
+        if key and not adopting:  # (an adopted claim may still be its original's)
             with anyio.CancelScope(shield=True):
                 await state.idempotency.release(message.tenant, key)
         raise
+    if adopting and claim is not None and key:
+        if not stored:  # the original reached the fleet after all: wait for its answer
+            await reply.close()
+            yield Replay(state, message.tenant, key, workload, claim, mine)
+            return
+        log.warning("edge.idempotency_adopted", request_id=message.id, tenant=message.tenant)
+        request.state.request_id = message.id  # the answer names the request it is
     flight = Flight(state, request, reply, claim, key or None, statuses)
     try:
         yield flight

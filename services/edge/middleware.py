@@ -78,7 +78,9 @@ class EdgeMiddleware:
                 status = message["status"]
                 headers = list(message.get("headers", []))
                 if not any(k.lower() == b"x-request-id" for k, _ in headers):
-                    headers.append((b"x-request-id", request_id.encode()))
+                    # The route may have changed it (a retry adopting an orphaned claim).
+                    named = scope["state"].get("request_id", request_id)
+                    headers.append((b"x-request-id", named.encode()))
                     headers.append((b"traceparent", traceparent.encode()))
                 message["headers"] = headers
                 metrics.LATENCY.labels(route).observe(time.perf_counter() - started)

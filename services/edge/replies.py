@@ -29,18 +29,20 @@ class Reply:
         self.tenant = ""
         self.finished = False  # an end or error frame was seen, or the stream broke
 
-    async def start(self, subject: str, message: Envelope) -> None:
-        """Open the inbox, then publish `message` with `reply` set to it."""
+    async def start(self, subject: str, message: Envelope) -> bool:
+        """Open the inbox, then publish `message` with `reply` set to it. False: the
+        stream already held a message with its id (and kept that one)."""
         await self.reader.__aenter__()
         self.request_id, self.tenant = message.id, message.tenant
         sent = message.model_copy(update={"reply": self.reader.inbox})
         try:
             # Patient: while INGRESS elects a new leader the client waits seconds for its
             # answer instead of getting a 503 and retrying into the same election.
-            await publish(self.bus.js, subject, sent, patience=INGRESS_PATIENCE)
+            ack = await publish(self.bus.js, subject, sent, patience=INGRESS_PATIENCE)
         except BaseException:
             await self.reader.__aexit__(None, None, None)
             raise
+        return not ack.duplicate
 
     async def next(self, timeout: float | None) -> TokenFrame | None:
         """The next frame, or None if none arrived within `timeout` (the HTTP side then

@@ -17,12 +17,16 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError
 
-from services.edge.idempotency import kv_key
+from services.edge.idempotency import ORPHAN_AFTER, fingerprint, kv_key
 from switchyard import subjects
 from switchyard.bus.connection import Bus
+from switchyard.bus.publish import publish
 from switchyard.bus.topology import IDEMPOTENCY_BUCKET
-from switchyard.codec import decode
-from switchyard.messages.inference import GenerateResult
+from switchyard.codec import decode, encode
+from switchyard.ids import new_id
+from switchyard.messages.idempotency import Claim
+from switchyard.messages.inference import ChatMessage, ChatRequest, GenerateResult
+from switchyard.openai_compat import ChatCompletionRequest
 from tests.support.edge import edge_in_process, write_keys
 from tests.support.fleet import (
     chat_fleet_in_process,
@@ -166,3 +170,62 @@ async def test_idempotent_retry_of_a_running_stream_attaches_too(edge: str, bus:
     assert r2.headers.get("idempotent-replayed") == "true"
     assert t1 and t1 == t2
     assert [x.request_id for x in seen] == [r1.headers["x-request-id"]]
+
+
+async def orphan_claim(bus: Bus, key: str, body: dict[str, object]) -> str:
+    """The claim an edge leaves when it dies right after claiming `key` for `body`: its
+    request made `ORPHAN_AFTER` ago (so a live edge would have published or released it
+    by now). Returns that request's id."""
+    original = new_id(time.time() - ORPHAN_AFTER - 1.0)
+    sent = ChatCompletionRequest.model_validate(body).model_dump_json().encode()
+    claim = Claim(request_id=original, fingerprint=fingerprint(sent))
+    kv = await bus.js.key_value(IDEMPOTENCY_BUCKET)
+    await kv.create(kv_key("idem", key), encode(claim))
+    return original
+
+
+async def test_a_key_left_claimed_by_a_dead_edge_is_run_once_by_the_retry(
+    edge: str, bus: Bus
+) -> None:
+    """The edge died between claiming the key and publishing: the retry runs the request
+    under the claim's id (before: 409 "still running" until the key's TTL, a day)."""
+    body = {"model": "default", "messages": HELLO, "max_tokens": 8}
+    key = f"orphan-{new_id()}"
+    headers = {**auth("sk-idem"), "Idempotency-Key": key}
+    original = await orphan_claim(bus, key, body)
+    async with results(bus, "idem") as seen, httpx.AsyncClient(base_url=edge, timeout=30) as http:
+        retry = await http.post("/v1/chat/completions", json=body, headers=headers)
+        await asyncio.sleep(0.5)  # a second generation, if any, would have published by now
+        again = await http.post("/v1/chat/completions", json=body, headers=headers)
+    assert retry.status_code == 200, retry.text
+    assert retry.headers["x-request-id"] == original
+    assert [(x.request_id, x.status) for x in seen] == [(original, "ok")]
+    # Its result was stored under the key like any original's: the next retry replays it.
+    assert again.status_code == 200 and again.headers.get("idempotent-replayed") == "true"
+    assert again.json()["id"] == retry.json()["id"]
+    changed = {**body, "max_tokens": 9}  # the key with another request is still refused
+    assert (await httpx.AsyncClient(base_url=edge).post(
+        "/v1/chat/completions", json=changed, headers=headers)).status_code == 422  # fmt: skip
+
+
+async def test_a_retry_of_an_old_claim_whose_request_did_reach_the_fleet_runs_nothing_new(
+    edge: str, bus: Bus
+) -> None:
+    """The same old claim, but the dead edge had published its request: the retry's copy
+    is a duplicate INGRESS drops, and the retry answers with the original's one result."""
+    body = {"model": "default", "messages": HELLO, "max_tokens": 8}
+    key = f"orphan-{new_id()}"
+    headers = {**auth("sk-idem"), "Idempotency-Key": key}
+    async with results(bus, "idem") as seen, httpx.AsyncClient(base_url=edge, timeout=30) as http:
+        original = await orphan_claim(bus, key, body)
+        chat = ChatRequest(
+            id=original, tenant="idem", reply=f"_INBOX.dead.{original}",
+            messages=[ChatMessage(role="user", content=HELLO[0]["content"])],
+        )  # fmt: skip
+        await publish(bus.js, subjects.llm_in("idem"), chat)
+        retry = await http.post("/v1/chat/completions", json=body, headers=headers)
+        await asyncio.sleep(0.5)
+    assert retry.status_code == 200, retry.text
+    assert retry.headers["x-request-id"] == original
+    assert retry.headers.get("idempotent-replayed") == "true"
+    assert [x.request_id for x in seen] == [original]
