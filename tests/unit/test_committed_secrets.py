@@ -1,0 +1,140 @@
+"""No secret in the repository is usable outside local development (issue #25).
+
+Every file git tracks is scanned: no private key (PEM) and no NATS nkey seed anywhere;
+in the deployment configs (compose env files and YAML, nats-server configs, the k8s
+manifests) every secret-looking value is a placeholder the services refuse outside
+`SY_ENV=local` (`switchyard.config.PLACEHOLDER_SECRETS`), or a reference to a variable or a
+file (`$SY_...`, `${...}`, `*_FILE`) filled in at deployment.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import SecretStr, ValidationError
+
+from switchyard.config import PLACEHOLDER_SECRETS, Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PEM_PRIVATE = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
+# An nkey seed: 'S', the key type (User, Account, Operator, server N, Cluster), 56 base32.
+NKEY_SEED = re.compile(r"\bS[UAONC][A-Z2-7]{56}\b")
+SECRET_NAME = re.compile(r"(PASSWORD|SECRET|TOKEN|SIGNING_KEY|PRIVATE_KEY|SEED)", re.I)
+REFERENCE = re.compile(r"^(\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|/\S+)$")
+# Names that look secret but hold none: addresses, account names, file paths, and the edge's
+# keys file (SHA-256 hashes of API keys, never keys).
+NOT_SECRET = re.compile(r"(HOST|PORT|USER|_DB|_FILE|NAME|keys\.yaml)$", re.I)
+
+
+def tracked() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+    return [ROOT / name for name in out.stdout.decode().split("\0") if name]
+
+
+def deployment_configs() -> list[Path]:
+    kinds = (".env", ".yml", ".yaml", ".conf")
+    return [
+        p for p in tracked()
+        if p.relative_to(ROOT).parts[0] in ("compose", "deploy") and p.name.endswith(kinds)
+        and "knowledge" not in p.parts
+    ]  # fmt: skip
+
+
+def harmless(value: str) -> bool:
+    """A placeholder the services refuse in production, or a reference filled in later."""
+    value = value.strip().strip("'\"")
+    return value.lower() in PLACEHOLDER_SECRETS or bool(REFERENCE.match(value))
+
+
+def test_no_private_key_or_nkey_seed_is_committed() -> None:
+    found = []
+    for path in tracked():
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        if PEM_PRIVATE.search(text) or NKEY_SEED.search(text):
+            found.append(str(path.relative_to(ROOT)))
+    assert not found, f"private keys or nkey seeds committed: {found}"
+
+
+def env_assignments(path: Path) -> list[tuple[str, str]]:
+    pairs = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            name, _, value = line.partition("=")
+            pairs.append((name.strip(), value.strip()))
+    return pairs
+
+
+def yaml_secrets(node: object, path: str = "") -> list[tuple[str, str]]:
+    """(name, value) of every scalar under a secret-looking key, and every value of a k8s
+    Secret's data (whose keys are often plain names: `edge: ...`)."""
+    pairs: list[tuple[str, str]] = []
+    if isinstance(node, dict):
+        if node.get("kind") == "Secret":
+            for field in ("stringData", "data"):
+                for name, value in (node.get(field) or {}).items():
+                    if not NOT_SECRET.search(str(name)):
+                        pairs.append((f"{path}{name}", str(value)))
+        for key, value in node.items():
+            if isinstance(value, (dict, list)):
+                pairs += yaml_secrets(value, f"{path}{key}.")
+            elif isinstance(value, bool) or value is None:
+                continue  # `automountServiceAccountToken: false` names a token, holds none
+            elif SECRET_NAME.search(str(key)) and not NOT_SECRET.search(str(key)):
+                pairs.append((f"{path}{key}", str(value)))
+            elif key == "name" and SECRET_NAME.search(str(value)) and "value" in node:
+                pairs.append((str(value), str(node["value"])))  # env: [{name:, value:}]
+    elif isinstance(node, list):
+        for item in node:
+            pairs += yaml_secrets(item, path)
+    return pairs
+
+
+def conf_secrets(path: Path) -> list[tuple[str, str]]:
+    """`password: ...` (and the like) in a nats-server config."""
+    setting = r"^\s*(\w*(?:password|token|seed))\s*[:=]\s*(\S+)"
+    return [(name, value) for name, value in re.findall(setting, path.read_text(), re.M | re.I)]
+
+
+def config_secrets() -> list[tuple[str, str, str]]:
+    found = []
+    for path in deployment_configs():
+        rel = str(path.relative_to(ROOT))
+        if path.name.endswith(".env"):
+            pairs = [(n, v) for n, v in env_assignments(path) if SECRET_NAME.search(n)]
+        elif path.name.endswith(".conf"):
+            pairs = conf_secrets(path)
+        else:
+            pairs = [p for doc in yaml.safe_load_all(path.read_text()) for p in yaml_secrets(doc)]
+        found += [(rel, name, value) for name, value in pairs]
+    return found
+
+
+def test_the_scan_reads_the_configs_it_means_to() -> None:
+    """Not vacuous: the secrets the deployment needs are found and checked."""
+    names = {(rel, name) for rel, name, _ in config_secrets()}
+    assert ("compose/env/executor.env", "SY_SQL_DB_SECRET") in names
+    assert ("compose/env/nats.env", "SY_NATS_PASSWORD_EDGE") in names
+    assert ("deploy/k8s/base/secrets.yaml", "edge") in names
+    assert any(rel == "compose/nats-auth.conf" for rel, _ in names)
+    assert len(names) >= 30, len(names)
+
+
+def test_every_committed_secret_is_a_placeholder_or_a_reference() -> None:
+    usable = [(rel, name, value) for rel, name, value in config_secrets() if not harmless(value)]
+    assert not usable, f"usable secrets in committed configs: {usable}"
+
+
+@pytest.mark.parametrize("value", sorted(PLACEHOLDER_SECRETS))
+def test_the_placeholders_are_refused_outside_local(value: str) -> None:
+    with pytest.raises(ValidationError, match="placeholder secret"):
+        Settings(env="production", nats_user="edge", nats_password=SecretStr(value))
+    Settings(env="local", nats_user="edge", nats_password=SecretStr(value))
