@@ -126,6 +126,7 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
                     messages=[ChatMessage.model_validate(m) for m in overhead_messages(i)],
                     sampling=Sampling(max_tokens=cfg.max_tokens, temperature=0.0),
                     prompt_tokens=32, deadline=time.time() + 60,
+                    stream=False,  # the workload of the HTTP columns: one answer, no deltas
                 )  # fmt: skip
                 return await nats_generate(fleet.bus, req, timeout=60)
 
