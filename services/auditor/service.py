@@ -105,6 +105,10 @@ async def run_auditor(
     bus: Bus, stop: asyncio.Event, settings: AuditorSettings, writer: AuditWriter | None = None
 ) -> None:
     writer = writer or AuditWriter(settings)
+    # A database that wants TLS we cannot give stops the auditor here (DbTlsError); one
+    # that is away only warns: the batcher keeps the events until it is back.
+    if not await asyncio.to_thread(writer.check_login):
+        log.warning("auditor.db_login_failed", mysql=f"{settings.mysql_host}:{settings.mysql_port}")
     batcher = Batcher(writer.write, max_batch=settings.audit_batch, linger=settings.audit_linger)
 
     async def handle(msg: Msg) -> None:
@@ -124,6 +128,7 @@ async def run_auditor(
         mysql=f"{settings.mysql_host}:{settings.mysql_port}",
         db=settings.sql_audit_db,
         batch=settings.audit_batch,
+        tls=writer.tls is not None,
     )
     try:
         stopped = asyncio.create_task(stop.wait())

@@ -9,6 +9,7 @@ own account, whose grants are the last wall.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from switchyard.sqldb.explain import GateLimits, GateVerdict, judge
 from switchyard.sqldb.pool import Busy, Pool
 from switchyard.sqldb.runner import RunLimits, explain, run_select
 from switchyard.sqldb.settings import ExecutorConfig, naming
+from switchyard.sqldb.tls import check_login
 from switchyard.sqldb.watchdog import Watchdog
 from switchyard.sqlguard import rules
 from switchyard.sqlguard.audit import sql_audit
@@ -48,6 +50,7 @@ class SqlExecutor:
         self.settings = settings
         self.naming = naming(settings)
         self.key = settings.sql_signing_key.get_secret_value().encode()
+        self.tls = settings.tls_context()
         self.policies = policies or PolicyStore(settings.sql_policy_dir)
         self._pools: dict[str, Pool] = {}
         self._watchdogs: dict[str, Watchdog] = {}
@@ -58,7 +61,17 @@ class SqlExecutor:
 
     def _account(self, user: str, database: str | None) -> Account:
         s = self.settings
-        return Account(s.mysql_host, s.mysql_port, user, self.naming.password(user), database)
+        return Account(
+            s.mysql_host, s.mysql_port, user, self.naming.password(user), database, self.tls
+        )
+
+    async def check_login(self) -> bool:
+        """The start-up check (`sqldb.tls.check_login`) as the planner account, the one
+        account every provisioned database has: raises `DbTlsError` when TLS is wrong."""
+        s, user = self.settings, self.naming.planner_user
+        return await asyncio.to_thread(
+            check_login, s.mysql_host, s.mysql_port, user, self.naming.password(user), self.tls
+        )
 
     @property
     def session_seconds(self) -> float:
