@@ -27,6 +27,7 @@ from switchyard.bus.consumer import PullLoop, RetryPolicy
 from switchyard.codec import decode
 from switchyard.logging import get_logger
 from switchyard.messages.sql import AuditEvent
+from switchyard.sqldb.tls import DbTlsError
 
 log = get_logger(__name__)
 
@@ -74,9 +75,9 @@ class Batcher:
             try:
                 inserted = await asyncio.to_thread(self.write, [row for row, _ in batch])
                 break
-            except (pymysql.err.OperationalError, pymysql.err.InterfaceError) as exc:
-                # The database is away: keep the messages (PullLoop keeps them in progress)
-                # rather than burn their deliveries into the dead-letter queue.
+            except (pymysql.err.OperationalError, pymysql.err.InterfaceError, DbTlsError) as exc:
+                # The database is away (or lost its TLS): keep the messages (PullLoop keeps
+                # them in progress) rather than burn their deliveries into the dead letters.
                 metrics.FAILURES.inc()
                 log.warning("audit.db_unavailable", size=len(batch), error=repr(exc), retry=delay)
                 await asyncio.sleep(delay)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pymysql
 import pytest
@@ -28,8 +29,9 @@ from switchyard.bus import rpc
 from switchyard.bus.connection import Bus
 from switchyard.fleet import env_of
 from switchyard.messages.sql import AuditEvent, ExecuteReply
+from switchyard.sqldb.connection import Account, open_connection
 from switchyard.sqldb.executor import SqlExecutor
-from switchyard.sqldb.tls import DB_TLS_EXIT, DbTlsError, pymysql_tls
+from switchyard.sqldb.tls import DB_TLS_EXIT, DbTlsError, check_login, pymysql_tls
 from tests.conftest import REPO
 from tests.support.certs import make_pki
 from tests.support.sqlenv import SqlEnv, build, teardown
@@ -154,6 +156,25 @@ def sy_provision(env: SqlEnv, tenant: str, *flags: str) -> None:
         )},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+async def test_a_server_without_tls_is_refused_to_a_client_with_a_ca(
+    mysql_params: dict[str, Any], mysql_conn: Any, tlsdb: TlsDb
+) -> None:
+    """The shared MariaDB has TLS off: a client holding a CA does not go on in plaintext
+    (aiomysql would, unchecked)."""
+    with mysql_conn.cursor() as cur:
+        cur.execute("SHOW GLOBAL VARIABLES LIKE 'have_ssl'")
+        row = cur.fetchone()
+    if row and row[1] == "YES":
+        pytest.skip("the shared MariaDB has TLS on: no server without TLS to test against")
+    p = mysql_params
+    ctx = tlsdb.tls()
+    with pytest.raises(DbTlsError, match="SSL is required"):
+        check_login(p["host"], p["port"], p["user"], p["password"], ctx)
+    account = Account(p["host"], p["port"], p["user"], p["password"], tls=ctx)
+    with pytest.raises(DbTlsError, match="offers no TLS"):
+        await open_connection(account, statement_seconds=5)
 
 
 @pytest.mark.usefixtures("plaintext_allowed")

@@ -25,7 +25,7 @@ from switchyard.sqldb.explain import GateLimits, GateVerdict, judge
 from switchyard.sqldb.pool import Busy, Pool
 from switchyard.sqldb.runner import RunLimits, explain, run_select
 from switchyard.sqldb.settings import ExecutorConfig, naming
-from switchyard.sqldb.tls import check_login
+from switchyard.sqldb.tls import DbTlsError, check_login
 from switchyard.sqldb.watchdog import Watchdog
 from switchyard.sqlguard import rules
 from switchyard.sqlguard.audit import sql_audit
@@ -239,7 +239,7 @@ class SqlExecutor:
                 gate = await self._explain(req.canonical_sql)
             except Busy as exc:
                 return decide("busy", rule=rules.POOL_BUSY, code="no_capacity", reason=exc.reason)
-            except (pymysql.err.MySQLError, TimeoutError, OSError) as exc:
+            except (pymysql.err.MySQLError, TimeoutError, OSError, DbTlsError) as exc:
                 return decide(
                     "error", rule=rules.EXPLAIN_ERROR, code="db_error", reason=_db_reason(exc)
                 )
@@ -330,7 +330,8 @@ class SqlExecutor:
                 "busy", rule=rules.POOL_BUSY, code="no_capacity", reason=exc.reason, gate=gate
             )
             return result
-        except (pymysql.err.MySQLError, OSError) as exc:  # could not even connect
+        # could not even connect (DbTlsError: the server stopped offering TLS since start-up)
+        except (pymysql.err.MySQLError, OSError, DbTlsError) as exc:
             result = decide(
                 "error", rule=rules.EXEC_DB_ERROR, code="db_error", reason=_db_reason(exc),
                 gate=gate,

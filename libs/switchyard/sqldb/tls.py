@@ -23,7 +23,9 @@ import pymysql
 from switchyard.errors import ErrorCode, SwitchyardError
 
 ACCESS_DENIED = 1045
-CANNOT_CONNECT = 2003
+# Client errors of a failed TLS handshake (2003, the cause an SSLError) and of a server
+# offering no TLS to a client that requires it (2026).
+TLS_FAILURES = frozenset({2003, 2026})
 # The exit status of a service stopped by `DbTlsError` (sysexits' EX_CONFIG): restarting
 # it changes nothing until its settings or the database's do.
 DB_TLS_EXIT = 78
@@ -73,7 +75,7 @@ def check_login(host: str, port: int, user: str, password: str, ctx: ssl.SSLCont
         conn = connect(pymysql_tls(ctx))
     except pymysql.err.OperationalError as exc:
         code = exc.args[0] if exc.args else None
-        if ctx is not None and code == CANNOT_CONNECT and "SSL" in str(exc):
+        if ctx is not None and code in TLS_FAILURES and "SSL" in str(exc):
             raise DbTlsError(f"TLS with {where} failed: {exc.args[1]}") from exc
         if ctx is None and code == ACCESS_DENIED and _logs_in_over_tls(connect):
             raise DbTlsError(
