@@ -27,6 +27,7 @@ from switchyard.bus.consumer import PullLoop, RetryPolicy
 from switchyard.codec import decode
 from switchyard.logging import get_logger
 from switchyard.messages.sql import AuditEvent
+from switchyard.sqldb.tls import DbTlsError
 
 log = get_logger(__name__)
 
@@ -74,9 +75,9 @@ class Batcher:
             try:
                 inserted = await asyncio.to_thread(self.write, [row for row, _ in batch])
                 break
-            except (pymysql.err.OperationalError, pymysql.err.InterfaceError) as exc:
-                # The database is away: keep the messages (PullLoop keeps them in progress)
-                # rather than burn their deliveries into the dead-letter queue.
+            except (pymysql.err.OperationalError, pymysql.err.InterfaceError, DbTlsError) as exc:
+                # The database is away (or lost its TLS): keep the messages (PullLoop keeps
+                # them in progress) rather than burn their deliveries into the dead letters.
                 metrics.FAILURES.inc()
                 log.warning("audit.db_unavailable", size=len(batch), error=repr(exc), retry=delay)
                 await asyncio.sleep(delay)
@@ -105,6 +106,10 @@ async def run_auditor(
     bus: Bus, stop: asyncio.Event, settings: AuditorSettings, writer: AuditWriter | None = None
 ) -> None:
     writer = writer or AuditWriter(settings)
+    # A database that wants TLS we cannot give stops the auditor here (DbTlsError); one
+    # that is away only warns: the batcher keeps the events until it is back.
+    if not await asyncio.to_thread(writer.check_login):
+        log.warning("auditor.db_login_failed", mysql=f"{settings.mysql_host}:{settings.mysql_port}")
     batcher = Batcher(writer.write, max_batch=settings.audit_batch, linger=settings.audit_linger)
 
     async def handle(msg: Msg) -> None:
@@ -124,6 +129,7 @@ async def run_auditor(
         mysql=f"{settings.mysql_host}:{settings.mysql_port}",
         db=settings.sql_audit_db,
         batch=settings.audit_batch,
+        tls=writer.tls is not None,
     )
     try:
         stopped = asyncio.create_task(stop.wait())

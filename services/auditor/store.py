@@ -20,6 +20,7 @@ from switchyard.messages.sql import AuditEvent
 from switchyard.sqldb.admin import quote_name as q
 from switchyard.sqldb.auditchain import AUDIT_TABLE, canonical, content_hash
 from switchyard.sqldb.settings import DatabaseSettings, auditor_password, naming
+from switchyard.sqldb.tls import check_login, pymysql_tls, require_encrypted
 
 # Result rows never reach the auditor: the event model has no field for them.
 if "rows" in AuditEvent.model_fields:
@@ -108,6 +109,7 @@ class AuditWriter:
         self.settings = settings
         self.user = user or names.auditor_user
         self.password = password if password is not None else auditor_password(settings)
+        self.tls = settings.tls_context()
         self._sql = (
             f"INSERT IGNORE INTO {q(settings.sql_audit_db)}.{q(AUDIT_TABLE)} "  # noqa: S608
             f"({', '.join(_COLUMNS)}) VALUES ({', '.join(['%s'] * len(_COLUMNS))})"
@@ -119,14 +121,21 @@ class AuditWriter:
             conn = pymysql.connect(
                 host=self.settings.mysql_host, port=self.settings.mysql_port, user=self.user,
                 password=self.password, charset="utf8mb4", autocommit=False,
-                connect_timeout=5, read_timeout=30, write_timeout=30,
+                connect_timeout=5, read_timeout=30, write_timeout=30, **pymysql_tls(self.tls),
             )  # fmt: skip
+            where = f"the database at {self.settings.mysql_host}:{self.settings.mysql_port}"
+            require_encrypted(conn, self.tls, where)
             with conn.cursor() as cur:
                 # No gap locks on the trigger's reads; per-tenant order comes from the head lock.
                 cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
             conn.commit()
             self._conn = conn
         return self._conn
+
+    def check_login(self) -> bool:
+        """The start-up check (`sqldb.tls.check_login`) as the audit account. Blocking."""
+        s = self.settings
+        return check_login(s.mysql_host, s.mysql_port, self.user, self.password, self.tls)
 
     def write(self, rows: list[Row], attempts: int = 3) -> int:
         """Insert `rows` (deduplicated, sorted by tenant) in one transaction; return how many

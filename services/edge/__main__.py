@@ -1,4 +1,5 @@
-"""`python -m services.edge`: the HTTP edge under uvicorn (SIGTERM drains via uvicorn)."""
+"""`python -m services.edge`: the HTTP edge under uvicorn (SIGTERM drains via uvicorn);
+HTTPS when given a certificate (SY_HTTPS_CERT, SY_HTTPS_KEY)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def main() -> None:
     uvicorn.run(
         create_app(settings), host=settings.host, port=settings.port,
         log_level=settings.log_level, access_log=False, timeout_graceful_shutdown=20,
+        **settings.uvicorn_tls(),
     )  # fmt: skip
 
 

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from services.edge.auth import KeyRing
 from services.edge.errors import ApiError
 from services.edge.idempotency import Idempotency
-from services.edge.middleware import EdgeMiddleware
+from services.edge.middleware import EdgeMiddleware, SecurityHeaders
 from services.edge.routes import agent, console, openai, ops, sql
 from services.edge.settings import EdgeSettings
 from services.edge.state import EdgeState, request_id
@@ -32,7 +32,8 @@ log = get_logger(__name__)
 def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
     """The app; with `bus` it uses that connection, else it connects on start-up (and
     closes it on shutdown)."""
-    keys = KeyRing.load(settings.api_keys_file)  # a bad key file fails here, not per request
+    # A bad key file fails here, not per request; later edits are picked up while serving.
+    keys = KeyRing.load(settings.api_keys_file, settings.api_keys_reload_interval)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -58,6 +59,7 @@ def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
         max_body_bytes=settings.max_body_bytes,
         path_caps={"/v1/agent/step": settings.max_agent_body_bytes},
     )
+    app.add_middleware(SecurityHeaders, hsts_max_age=settings.hsts_max_age)  # the outermost
     app.exception_handler(ApiError)(on_api_error)
     app.exception_handler(StarletteHTTPException)(on_http)
     app.exception_handler(RequestValidationError)(on_invalid)

@@ -1,4 +1,5 @@
-"""Pure-ASGI middleware: a request id and a trace for every request, the body cap, metrics.
+"""Pure-ASGI middleware: a request id and a trace for every request, the body cap, metrics;
+and the security headers of every response (`SecurityHeaders`).
 
 The trace is the client's W3C `traceparent` when it sent a valid one, else a new one;
 it is echoed in the response so a client can find its request with `sy trace`.
@@ -93,6 +94,43 @@ class EdgeMiddleware:
         finally:
             metrics.INFLIGHT.dec()
             metrics.REQUESTS.labels(route, str(status)).inc()
+
+
+# On every response: no MIME sniffing (a JSON body or an uploaded text never runs as a
+# script), never framed (clickjacking the console), no URL leaks to other sites.
+BASE_HEADERS = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+)
+
+
+class SecurityHeaders:
+    """Adds `BASE_HEADERS`, and Strict-Transport-Security when the request came over HTTPS
+    (over plain HTTP a browser ignores it, and it would only mislead), to every response
+    that does not set them itself. Outermost, so the body-cap refusals get them too."""
+
+    def __init__(self, app: ASGIApp, hsts_max_age: int) -> None:
+        self.app = app
+        self.hsts = f"max-age={hsts_max_age}".encode() if hsts_max_age > 0 else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        extra = list(BASE_HEADERS)
+        if self.hsts is not None and scope.get("scheme") == "https":
+            extra.append((b"strict-transport-security", self.hsts))
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {bytes(k).lower() for k, _ in headers}
+                headers.extend((k, v) for k, v in extra if k not in present)
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

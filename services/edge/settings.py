@@ -1,11 +1,12 @@
-"""Edge settings (`SY_*`): where the API keys live, the HTTP port, and request caps."""
+"""Edge settings (`SY_*`): where the API keys live, the HTTP port (HTTPS with a
+certificate), and request caps."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from switchyard.config import Settings
 from switchyard.messages.agent import MAX_FRAME_BYTES
@@ -21,6 +22,16 @@ class EdgeSettings(Settings):
     # YAML: `keys: {<sha256 hex of the key>: {tenant, models?, pools?}}`. No file = no keys,
     # so every request is refused with 401 rather than served as some default tenant.
     api_keys_file: Path | None = None
+    # The key file is read again when it changes (checked at most this often, on a
+    # request): a key added or removed works or stops working without a restart.
+    api_keys_reload_interval: float = Field(default=2.0, gt=0, le=3600)
+    # HTTPS: a PEM certificate (chain) and its key; both unset = plain HTTP (behind a
+    # proxy that terminates TLS, or local development).
+    https_cert: Path | None = None
+    https_key: Path | None = None
+    # Strict-Transport-Security on every HTTPS response (never on plain HTTP, where a
+    # browser ignores it); 0 leaves it out. Start low when first turning HTTPS on.
+    hsts_max_age: int = Field(default=365 * 24 * 3600, ge=0)
     # Models clients may name (listed by /v1/models); a key may narrow this further.
     models: list[str] = ["default"]
     chat_pool: str = Field(default="llm", pattern=SUBJECT_TOKEN)
@@ -51,3 +62,19 @@ class EdgeSettings(Settings):
     sse_heartbeat: float = Field(default=10.0, gt=0)
     # How long a retry with an Idempotency-Key waits for a running original.
     idempotency_wait: float = Field(default=120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _https_pair(self) -> EdgeSettings:
+        if (self.https_cert is None) != (self.https_key is None):
+            raise ValueError("set SY_HTTPS_CERT and SY_HTTPS_KEY together")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.https_cert is not None else "http"
+
+    def uvicorn_tls(self) -> dict[str, Any]:
+        """uvicorn's TLS arguments: the certificate and key, or none (plain HTTP)."""
+        if self.https_cert is None or self.https_key is None:
+            return {}
+        return {"ssl_certfile": str(self.https_cert), "ssl_keyfile": str(self.https_key)}

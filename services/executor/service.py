@@ -28,6 +28,12 @@ log = get_logger(__name__)
 
 async def run_executor(bus: Bus, stop: asyncio.Event, settings: ExecutorSettings) -> None:
     executor = SqlExecutor(settings)
+    # Before taking work: a database that wants TLS we cannot give stops us here
+    # (DbTlsError); one that is away or not provisioned yet only warns, as requests would.
+    if not await executor.check_login():
+        log.warning(
+            "executor.db_login_failed", mysql=f"{settings.mysql_host}:{settings.mysql_port}"
+        )
     inflight = InFlight()
 
     def handler(explain_only: bool) -> Callable[[ExecuteRequest], Awaitable[ExecuteReply]]:
@@ -79,6 +85,7 @@ async def run_executor(bus: Bus, stop: asyncio.Event, settings: ExecutorSettings
         mysql=f"{settings.mysql_host}:{settings.mysql_port}",
         pool=settings.sql_pool_size,
         gate=settings.sql_explain_gate,
+        tls=executor.tls is not None,
     )
     try:
         await stop.wait()

@@ -28,11 +28,12 @@ def write_keys(path: Path, keys: dict[str, dict[str, Any]]) -> Path:
 
 @contextlib.asynccontextmanager
 async def edge_in_process(nats_url: str, **overrides: Any) -> AsyncIterator[str]:
-    """Yields the base URL (`http://127.0.0.1:<port>`) once the edge listens."""
+    """Yields the base URL (`http://127.0.0.1:<port>`, https with `https_cert`) once the
+    edge listens."""
     settings = EdgeSettings(nats_url=nats_url, port=free_port(), **overrides)
     async with InprocGroup() as group:
         await group.serve_edge("test-edge", settings)
-        yield f"http://127.0.0.1:{settings.port}"
+        yield f"{settings.scheme}://127.0.0.1:{settings.port}"
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ at the end.
 from __future__ import annotations
 
 import secrets
+import ssl
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from switchyard.sqldb.provision import (
     provision_tenant,
 )
 from switchyard.sqldb.settings import DemoSettings, ExecutorConfig
+from switchyard.sqldb.tls import pymysql_tls
 from switchyard.sqlguard import PolicyStore, validate
 from switchyard.sqlguard.signing import sign
 
@@ -48,6 +50,12 @@ class SqlEnv:
     db_secret: str
     signing_key: str
     rows: dict[str, int]
+    # The CA of a server that wants TLS (`tests.support.tlsdb`): every connection uses it.
+    ssl_ca: Path | None = None
+
+    @property
+    def tls(self) -> ssl.SSLContext | None:
+        return ssl.create_default_context(cafile=str(self.ssl_ca)) if self.ssl_ca else None
 
     @property
     def audit_db(self) -> str:
@@ -57,14 +65,15 @@ class SqlEnv:
         return self.naming.tenant_schema(tenant)
 
     def admin(self) -> Any:
-        return connect_admin(self.dsn)
+        return connect_admin(self.dsn, self.tls)
 
     def tenant_conn(self, tenant: str, **kw: Any) -> Any:
         user = self.naming.tenant_user(tenant)
         params = demo_params(self.dsn)
         return pymysql.connect(
             host=params["host"], port=params["port"], user=user,
-            password=self.naming.password(user), autocommit=True, connect_timeout=5, **kw,
+            password=self.naming.password(user), autocommit=True, connect_timeout=5,
+            **pymysql_tls(self.tls), **kw,
         )  # fmt: skip
 
     def settings(self, cls: type[ExecutorConfig] = ExecutorConfig, **overrides: Any) -> Any:
@@ -78,6 +87,7 @@ class SqlEnv:
             "sql_demo_prefix": self.prefix,
             "sql_schema_prefix": self.prefix + "t_",
             "sql_account_prefix": self.prefix,
+            "mysql_ssl_ca": self.ssl_ca,
             # test-size thresholds: the raw DAU scan (~12k rows of one tenant) is
             # refused, the pre-aggregated table (~1k rows) is not
             "sql_explain_max_rows": 5_000,
@@ -111,14 +121,19 @@ def demo_params(dsn: str) -> dict[str, Any]:
     return dsn_params(dsn)
 
 
-def build(dsn: str, policy_dir: Path) -> SqlEnv:
+def build(
+    dsn: str, policy_dir: Path, *, ssl_ca: Path | None = None, require_ssl: bool = False
+) -> SqlEnv:
+    """With `ssl_ca` every connection goes over TLS; `require_ssl` makes every account
+    REQUIRE SSL."""
     prefix = f"s7{uuid.uuid4().hex[:6]}_"
     naming = Naming(prefix, prefix + "t_", prefix, secrets.token_hex(16).encode())
     env = SqlEnv(
         dsn=dsn, prefix=prefix, naming=naming, policy_dir=policy_dir,
         db_secret=naming.secret.decode(), signing_key=secrets.token_hex(32), rows={},
+        ssl_ca=ssl_ca,
     )  # fmt: skip
-    conn = connect_admin(dsn)
+    conn = env.admin()
     try:
         report = demo.generate(
             conn,
@@ -132,16 +147,16 @@ def build(dsn: str, policy_dir: Path) -> SqlEnv:
             provision_tenant(
                 conn, naming, tenant, host="%", max_connections=MAX_USER_CONNECTIONS,
                 statement_seconds=USER_STATEMENT_SECONDS, planner_statement_seconds=5,
-                policy_dir=policy_dir, max_limit=1000,
+                policy_dir=policy_dir, max_limit=1000, require_ssl=require_ssl,
             )  # fmt: skip
-        provision_auditor(conn, naming, host="%", audit_db=env.audit_db)
+        provision_auditor(conn, naming, host="%", audit_db=env.audit_db, require_ssl=require_ssl)
     finally:
         conn.close()
     return env
 
 
 def teardown(env: SqlEnv) -> None:
-    conn = connect_admin(env.dsn)
+    conn = env.admin()
     try:
         for tenant in DEMO_TENANTS:  # the bench test provisions one more
             deprovision_tenant(conn, env.naming, tenant, host="%")

@@ -38,12 +38,14 @@ def _admin_settings(dsn: str | None, **overrides: Any) -> Any:
         raise typer.BadParameter(str(exc)) from exc
 
 
-def _admin_connection(dsn: str) -> Any:
-    """The admin connection, or a one-line error and exit 1 when the server is unreachable."""
+def _admin_connection(settings: Any) -> Any:
+    """The admin connection (`AdminSettings`: the DSN, TLS when SY_MYSQL_SSL_CA is set), or
+    a one-line error and exit 1 when the server is unreachable."""
     from switchyard.sqldb.admin import connect_admin
 
+    dsn = settings.mysql_dsn
     try:
-        return connect_admin(dsn)
+        return connect_admin(dsn, settings.tls_context())
     except Exception as exc:
         err.print(f"[red]cannot connect to {dsn}:[/red] {exc}")
         raise typer.Exit(1) from exc
@@ -118,7 +120,7 @@ def demo_db(
         sql_demo_tenants=tenants.split(",") if tenants else None,
     )
     names = naming(settings)
-    conn = _admin_connection(settings.mysql_dsn)
+    conn = _admin_connection(settings)
     try:
         if drop:
             demo.drop(conn, names.ops_db, names.pay_db)
@@ -148,14 +150,21 @@ def provision(
         Path | None, typer.Option(help="where tenant policies go (SY_SQL_POLICY_DIR)")
     ] = None,
     auditor: Annotated[bool, typer.Option(help="also the INSERT-only auditor account")] = True,
+    require_ssl: Annotated[
+        bool | None,
+        typer.Option(
+            "--require-ssl/--no-require-ssl",
+            help="make the accounts REQUIRE SSL (default: SY_SQL_REQUIRE_SSL, else off)",
+        ),
+    ] = None,
 ) -> None:
     """Per-tenant views, a SELECT-only account and its policy; the auditor account."""
     from switchyard.sqldb.provision import provision_auditor, provision_tenant
     from switchyard.sqldb.settings import auditor_password, naming
 
-    settings = _admin_settings(dsn, sql_policy_dir=policy_dir)
+    settings = _admin_settings(dsn, sql_policy_dir=policy_dir, sql_require_ssl=require_ssl)
     names = naming(settings)
-    conn = _admin_connection(settings.mysql_dsn)
+    conn = _admin_connection(settings)
     try:
         for t in tenant:
             r = provision_tenant(
@@ -168,15 +177,17 @@ def provision(
                 planner_statement_seconds=settings.sql_planner_statement_seconds,
                 policy_dir=settings.sql_policy_dir,
                 max_limit=settings.sql_max_limit,
+                require_ssl=settings.sql_require_ssl,
             )
+            tls = ", REQUIRE SSL" if settings.sql_require_ssl else ""
             console.print(
                 f"tenant {r.tenant}: schema {r.schema}, {len(r.views)} views, account {r.user} "
-                f"({r.flavour}), policy {r.policy_path}"
+                f"({r.flavour}{tls}), policy {r.policy_path}"
             )
         if auditor:
             account = provision_auditor(
                 conn, names, host=settings.sql_account_host, audit_db=settings.sql_audit_db,
-                password=auditor_password(settings),
+                password=auditor_password(settings), require_ssl=settings.sql_require_ssl,
             )  # fmt: skip
             console.print(f"auditor: {account} may INSERT into {settings.sql_audit_db}.sql_audit")
     except Exception as exc:

@@ -117,7 +117,7 @@ class InprocGroup:
             raise FleetError(f"{name}: the edge needs EdgeSettings, got {type(settings).__name__}")
         config = uvicorn.Config(
             create_app(settings), host="127.0.0.1", port=settings.port, log_level="warning",
-            lifespan="on", access_log=False,
+            lifespan="on", access_log=False, **settings.uvicorn_tls(),
         )  # fmt: skip
         server = uvicorn.Server(config)
         task = asyncio.create_task(server.serve(), name=name)

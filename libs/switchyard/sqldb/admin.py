@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pymysql
 
 from switchyard.sqldb.flavour import Flavour
+from switchyard.sqldb.tls import pymysql_tls, require_encrypted
 
 
 def dsn_params(dsn: str) -> dict[str, Any]:
@@ -22,10 +24,16 @@ def dsn_params(dsn: str) -> dict[str, Any]:
     }
 
 
-def connect_admin(dsn: str, **kw: Any) -> pymysql.connections.Connection[Any]:
-    return pymysql.connect(
-        **dsn_params(dsn), autocommit=True, charset="utf8mb4", connect_timeout=5, **kw
+def connect_admin(
+    dsn: str, tls: ssl.SSLContext | None = None, **kw: Any
+) -> pymysql.connections.Connection[Any]:
+    """The admin connection; over verified TLS with `tls` (see `sqldb.tls`), else plaintext."""
+    params = dsn_params(dsn)
+    conn = pymysql.connect(
+        **params, autocommit=True, charset="utf8mb4", connect_timeout=5, **pymysql_tls(tls), **kw
     )
+    require_encrypted(conn, tls, f"the database at {params['host']}:{params['port']}")
+    return conn
 
 
 def flavour_of(conn: pymysql.connections.Connection[Any]) -> Flavour:

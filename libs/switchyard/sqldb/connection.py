@@ -10,12 +10,14 @@ to a statement that carries none.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
 import aiomysql  # type: ignore[import-untyped]
 
 from switchyard.sqldb.flavour import Flavour
+from switchyard.sqldb.tls import require_encrypted
 
 SQL_MODE = "STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION"
 
@@ -27,6 +29,7 @@ class Account:
     user: str
     password: str
     database: str | None = None
+    tls: ssl.SSLContext | None = None  # None: plaintext (see `sqldb.tls`)
 
 
 @dataclass
@@ -55,7 +58,10 @@ async def open_connection(
         autocommit=True,
         charset="utf8mb4",
         connect_timeout=connect_timeout,
+        ssl=account.tls,
     )
+    # aiomysql goes on in plaintext when the server offers no TLS: refuse that here.
+    require_encrypted(raw, account.tls, f"the database at {account.host}:{account.port}")
     try:
         async with raw.cursor() as cur:
             await cur.execute("SELECT VERSION(), CONNECTION_ID()")

@@ -9,6 +9,7 @@ own account, whose grants are the last wall.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from switchyard.sqldb.explain import GateLimits, GateVerdict, judge
 from switchyard.sqldb.pool import Busy, Pool
 from switchyard.sqldb.runner import RunLimits, explain, run_select
 from switchyard.sqldb.settings import ExecutorConfig, naming
+from switchyard.sqldb.tls import DbTlsError, check_login
 from switchyard.sqldb.watchdog import Watchdog
 from switchyard.sqlguard import rules
 from switchyard.sqlguard.audit import sql_audit
@@ -48,6 +50,7 @@ class SqlExecutor:
         self.settings = settings
         self.naming = naming(settings)
         self.key = settings.sql_signing_key.get_secret_value().encode()
+        self.tls = settings.tls_context()
         self.policies = policies or PolicyStore(settings.sql_policy_dir)
         self._pools: dict[str, Pool] = {}
         self._watchdogs: dict[str, Watchdog] = {}
@@ -58,7 +61,17 @@ class SqlExecutor:
 
     def _account(self, user: str, database: str | None) -> Account:
         s = self.settings
-        return Account(s.mysql_host, s.mysql_port, user, self.naming.password(user), database)
+        return Account(
+            s.mysql_host, s.mysql_port, user, self.naming.password(user), database, self.tls
+        )
+
+    async def check_login(self) -> bool:
+        """The start-up check (`sqldb.tls.check_login`) as the planner account, the one
+        account every provisioned database has: raises `DbTlsError` when TLS is wrong."""
+        s, user = self.settings, self.naming.planner_user
+        return await asyncio.to_thread(
+            check_login, s.mysql_host, s.mysql_port, user, self.naming.password(user), self.tls
+        )
 
     @property
     def session_seconds(self) -> float:
@@ -226,7 +239,7 @@ class SqlExecutor:
                 gate = await self._explain(req.canonical_sql)
             except Busy as exc:
                 return decide("busy", rule=rules.POOL_BUSY, code="no_capacity", reason=exc.reason)
-            except (pymysql.err.MySQLError, TimeoutError, OSError) as exc:
+            except (pymysql.err.MySQLError, TimeoutError, OSError, DbTlsError) as exc:
                 return decide(
                     "error", rule=rules.EXPLAIN_ERROR, code="db_error", reason=_db_reason(exc)
                 )
@@ -317,7 +330,8 @@ class SqlExecutor:
                 "busy", rule=rules.POOL_BUSY, code="no_capacity", reason=exc.reason, gate=gate
             )
             return result
-        except (pymysql.err.MySQLError, OSError) as exc:  # could not even connect
+        # could not even connect (DbTlsError: the server stopped offering TLS since start-up)
+        except (pymysql.err.MySQLError, OSError, DbTlsError) as exc:
             result = decide(
                 "error", rule=rules.EXEC_DB_ERROR, code="db_error", reason=_db_reason(exc),
                 gate=gate,

@@ -15,6 +15,9 @@
 - the auditor account: INSERT only, on the append-only audit table;
 - the tenant's policy file, listing exactly the views and their columns.
 
+With `require_ssl` every account is made `REQUIRE SSL` (else `REQUIRE NONE`, so
+provisioning again without it undoes it): the server refuses its login in plaintext.
+
 Accounts' passwords are derived from `SY_SQL_DB_SECRET` (see `naming`).
 """
 
@@ -79,15 +82,21 @@ def _account(name: str, host: str) -> str:
     return f"'{name}'@'{host}'"
 
 
+def _require(require_ssl: bool) -> str:
+    """The TLS clause of CREATE/ALTER USER (it goes before the WITH of the limits)."""
+    return "REQUIRE SSL" if require_ssl else "REQUIRE NONE"
+
+
 def ensure_user(
-    cur: Any, flavour: Flavour, user: str, host: str, password: str, limits: str
-) -> str:
+    cur: Any, flavour: Flavour, user: str, host: str, password: str, limits: str,
+    require_ssl: bool = False,
+) -> str:  # fmt: skip
     """Create or reset an account with no privileges at all; returns its `'u'@'h'`."""
     account = _account(user, host)
     # Literal, not a driver parameter: the host may be '%', which the driver would format.
     secret = cur.connection.escape(password)
     _exec(cur, f"CREATE USER IF NOT EXISTS {account} IDENTIFIED BY {secret}")
-    _exec(cur, f"ALTER USER {account} IDENTIFIED BY {secret} {limits}")
+    _exec(cur, f"ALTER USER {account} IDENTIFIED BY {secret} {_require(require_ssl)} {limits}")
     # Whatever it may have been granted before (by us or by hand) goes first.
     _exec(cur, f"REVOKE ALL PRIVILEGES, GRANT OPTION FROM {account}")
     return account
@@ -126,6 +135,7 @@ def provision_tenant(
     planner_statement_seconds: float,
     policy_dir: Path | None,
     max_limit: int,
+    require_ssl: bool = False,
 ) -> ProvisionReport:
     check_tenant(tenant)  # the id is written into view definitions below
     flavour = flavour_of(conn)
@@ -149,6 +159,7 @@ def provision_tenant(
             host,
             naming.password(user),
             flavour.user_limits(max_connections, statement_seconds),
+            require_ssl,
         )
         for name, _ in tenant_views(naming, tenant):
             _exec(cur, f"GRANT SELECT ON {q(schema)}.{q(name)} TO {account}")
@@ -158,6 +169,7 @@ def provision_tenant(
             host=host,
             seconds=planner_statement_seconds,
             max_connections=max_connections,
+            require_ssl=require_ssl,
         )
         for name, _ in tenant_views(naming, tenant):
             _exec(cur, f"GRANT SELECT, SHOW VIEW ON {q(schema)}.{q(name)} TO {planner}")
@@ -170,8 +182,9 @@ def provision_tenant(
 
 
 def ensure_planner(
-    conn: Any, naming: Naming, *, host: str, seconds: float, max_connections: int
-) -> str:
+    conn: Any, naming: Naming, *, host: str, seconds: float, max_connections: int,
+    require_ssl: bool = False,
+) -> str:  # fmt: skip
     """The EXPLAIN-only account; its grants on tenant views are added per tenant."""
     flavour = flavour_of(conn)
     user = naming.planner_user
@@ -181,7 +194,7 @@ def ensure_planner(
         _exec(cur, f"CREATE USER IF NOT EXISTS {account} IDENTIFIED BY {secret}")
         _exec(
             cur,
-            f"ALTER USER {account} IDENTIFIED BY {secret} "
+            f"ALTER USER {account} IDENTIFIED BY {secret} {_require(require_ssl)} "
             f"{flavour.user_limits(max_connections, seconds)}",
         )
         for spec in TABLES:
@@ -191,8 +204,9 @@ def ensure_planner(
 
 
 def provision_auditor(
-    conn: Any, naming: Naming, *, host: str, audit_db: str, password: str | None = None
-) -> str:
+    conn: Any, naming: Naming, *, host: str, audit_db: str, password: str | None = None,
+    require_ssl: bool = False,
+) -> str:  # fmt: skip
     """The audit table, its hash chain and the INSERT-only account (`password`, else one
     derived from the naming secret)."""
     flavour = flavour_of(conn)
@@ -209,6 +223,7 @@ def provision_auditor(
             host,
             password or naming.password(user),
             flavour.user_limits(4, 10),
+            require_ssl,
         )
         _exec(cur, f"GRANT INSERT ON {q(audit_db)}.{q(AUDIT_TABLE)} TO {account}")
     return account

@@ -9,6 +9,7 @@ The validator gets only `GuardSettings`; database secrets live in
 from __future__ import annotations
 
 import datetime as dt
+import ssl
 from pathlib import Path
 
 from pydantic import Field, SecretStr, model_validator
@@ -41,6 +42,12 @@ class GuardSettings(Settings):
 class DatabaseSettings(Settings):
     mysql_host: str = "127.0.0.1"
     mysql_port: int = Field(default=3306, ge=1, le=65535)
+    # TLS to the database (see `sqldb.tls`): with a CA, every connection requires TLS and
+    # verifies the server's certificate against it and `mysql_host`; without, plaintext.
+    # A client certificate (cert + key) for accounts made with REQUIRE X509 or stricter.
+    mysql_ssl_ca: Path | None = None
+    mysql_ssl_cert: Path | None = None
+    mysql_ssl_key: Path | None = None
     # Every account password is derived from this secret (HMAC of the account name),
     # so the executor and `sy sql provision` agree without a password file. None only
     # for the auditor, which has its own account's password instead.
@@ -58,6 +65,23 @@ class DatabaseSettings(Settings):
     sql_max_user_connections: int = Field(default=10, ge=2, le=1000)
     sql_user_statement_seconds: float = Field(default=30.0, gt=0, le=3600)
     sql_planner_statement_seconds: float = Field(default=5.0, gt=0, le=600)
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> DatabaseSettings:
+        if (self.mysql_ssl_cert is None) != (self.mysql_ssl_key is None):
+            raise ValueError("set SY_MYSQL_SSL_CERT and SY_MYSQL_SSL_KEY together")
+        if self.mysql_ssl_cert is not None and self.mysql_ssl_ca is None:
+            raise ValueError("a client certificate needs SY_MYSQL_SSL_CA (TLS is off without)")
+        return self
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The database connections' TLS context (None: plaintext); reads the files."""
+        if self.mysql_ssl_ca is None:
+            return None
+        ctx = ssl.create_default_context(cafile=str(self.mysql_ssl_ca))  # + check_hostname
+        if self.mysql_ssl_cert is not None:
+            ctx.load_cert_chain(str(self.mysql_ssl_cert), str(self.mysql_ssl_key))
+        return ctx
 
 
 def auditor_password(settings: DatabaseSettings) -> str:
@@ -103,6 +127,9 @@ class AdminSettings(DatabaseSettings, GuardSettings, DemoSettings):
 
     mysql_dsn: str = "mysql://root@127.0.0.1:3306"
     sql_max_limit: int = Field(default=1000, ge=1, le=100_000)
+    # Accounts made by `sy sql provision` (tenants, planner, auditor) get REQUIRE SSL: the
+    # database itself refuses them in plaintext, whoever holds their passwords.
+    sql_require_ssl: bool = False
 
 
 def naming(settings: DatabaseSettings) -> Naming:

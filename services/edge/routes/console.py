@@ -31,14 +31,13 @@ log = get_logger(__name__)
 STATIC = Path(__file__).resolve().parent.parent / "static" / "console"
 REVIEW_EVENT = "review.requested"
 
-# The pages load only their own files and talk only to this origin.
+# The pages load only their own files and talk only to this origin. (nosniff, no
+# framing, no referrer and HSTS are on every response: `middleware.SecurityHeaders`.)
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
         "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
     ),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }
 
