@@ -9,3 +9,9 @@ import hashlib
 def hash_key(key: str) -> str:
     """The lowercase hex SHA-256 of `key`, as the edge's key file stores it."""
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+# Keys written in this repository (deploy/local/edge-keys.yaml, the README, `sy up`):
+# anyone can read them, so an edge serves them only with SY_ENV=local.
+PUBLISHED_KEYS = ("sk-local-dev", "sk-local-acme", "sk-local-ops")
+PUBLISHED_HASHES = frozenset(hash_key(key) for key in PUBLISHED_KEYS)

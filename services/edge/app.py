@@ -33,7 +33,8 @@ def create_app(settings: EdgeSettings, bus: Bus | None = None) -> FastAPI:
     """The app; with `bus` it uses that connection, else it connects on start-up (and
     closes it on shutdown)."""
     # A bad key file fails here, not per request; later edits are picked up while serving.
-    keys = KeyRing.load(settings.api_keys_file, settings.api_keys_reload_interval)
+    keys = KeyRing.load(settings.api_keys_file, settings.api_keys_reload_interval,
+                        published=settings.env == "local")  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

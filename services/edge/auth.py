@@ -24,7 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.edge.errors import ApiError
-from switchyard.apikeys import hash_key
+from switchyard.apikeys import PUBLISHED_HASHES, hash_key
 from switchyard.envelope import TenantId
 from switchyard.logging import get_logger
 
@@ -63,30 +63,46 @@ def _stamp(path: Path) -> Stamp:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _read(path: Path) -> dict[str, Principal]:
-    """The file's keys, their hashes in lower case (as `hash_key` writes them)."""
+class PublishedKeyError(ValueError):
+    """The key file holds a key published in this repository, outside local development."""
+
+
+def _read(path: Path, published: bool) -> dict[str, Principal]:
+    """The file's keys, their hashes in lower case (as `hash_key` writes them); raises
+    `PublishedKeyError` if it holds a published key and `published` keys are not allowed."""
     keys = KeyFile.model_validate(yaml.safe_load(path.read_text()) or {}).keys
-    return {h.lower(): p for h, p in keys.items()}
+    lowered = {h.lower(): p for h, p in keys.items()}
+    if not published and (found := PUBLISHED_HASHES.intersection(lowered)):
+        tenants = sorted(lowered[h].tenant for h in found)
+        raise PublishedKeyError(
+            f"{path} holds API keys published in the Switchyard repository (the local "
+            f"development keys of tenants {tenants}): anyone could use them; they are "
+            "allowed only with SY_ENV=local"
+        )
+    return lowered
 
 
 class KeyRing:
     def __init__(
         self, keys: dict[str, Principal], path: Path | None = None,
-        reload_interval: float = 2.0, stamp: Stamp | None = None,
+        reload_interval: float = 2.0, stamp: Stamp | None = None, published: bool = True,
     ) -> None:  # fmt: skip
         self._keys = keys  # hash (lower case) -> principal
         self._path = path
         self._interval = reload_interval
+        self._published = published  # whether the repository's published keys may serve
         self._stamp = stamp
         self._checked = time.monotonic()
 
     @classmethod
-    def load(cls, path: Path | None, reload_interval: float = 2.0) -> KeyRing:
+    def load(
+        cls, path: Path | None, reload_interval: float = 2.0, *, published: bool = True
+    ) -> KeyRing:
         """The keys of `path` (none without one); raises on a bad file, at start-up."""
         if path is None:
             return cls({})
         stamp = _stamp(path)  # before reading: an edit made meanwhile is seen at the next look
-        return cls(_read(path), path, reload_interval, stamp)
+        return cls(_read(path, published), path, reload_interval, stamp, published)
 
     def refresh(self) -> None:
         """Read the file again if it changed and `reload_interval` has passed since the
@@ -100,8 +116,8 @@ class KeyRing:
             if stamp == self._stamp:
                 return
             self._stamp = stamp  # a bad version is reported once, not on every check
-            keys = _read(self._path)
-        except (OSError, yaml.YAMLError, ValidationError) as exc:
+            keys = _read(self._path, self._published)
+        except (OSError, yaml.YAMLError, ValidationError, PublishedKeyError) as exc:
             log.error("edge.keys_reload_failed", path=str(self._path), error=str(exc))
             return
         log.info("edge.keys_reloaded", path=str(self._path), keys=len(keys))

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 from pydantic import SecretStr, ValidationError
 
+from services.edge.app import create_app
+from services.edge.auth import KeyRing, PublishedKeyError
+from services.edge.errors import ApiError
+from services.edge.settings import EdgeSettings
+from switchyard.apikeys import PUBLISHED_HASHES, hash_key
 from switchyard.config import PLACEHOLDER_SECRETS, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,3 +144,40 @@ def test_the_placeholders_are_refused_outside_local(value: str) -> None:
     with pytest.raises(ValidationError, match="placeholder secret"):
         Settings(env="production", nats_user="edge", nats_password=SecretStr(value))
     Settings(env="local", nats_user="edge", nats_password=SecretStr(value))
+
+
+def committed_key_hashes() -> dict[str, set[str]]:
+    """Every API key hash in a committed edge keys file."""
+    found = {}
+    for path in tracked():
+        if path.name.endswith("keys.yaml") and "tests" not in path.relative_to(ROOT).parts:
+            keys = (yaml.safe_load(path.read_text()) or {}).get("keys") or {}
+            found[str(path.relative_to(ROOT))] = {h.lower() for h in keys}
+    return found
+
+
+def test_the_only_committed_api_keys_are_the_published_local_ones() -> None:
+    """A hash is not a key, but a committed hash's key is known to whoever wrote it: only
+    the published local development keys (which the docs print) are committed."""
+    found = committed_key_hashes()
+    assert found["deploy/local/edge-keys.yaml"] == PUBLISHED_HASHES
+    assert found["compose/edge-keys.yaml"] == set()
+    assert all(hashes <= PUBLISHED_HASHES for hashes in found.values()), found
+
+
+def test_an_edge_outside_local_development_refuses_the_published_keys(tmp_path: Path) -> None:
+    local = ROOT / "deploy" / "local" / "edge-keys.yaml"
+    with pytest.raises(PublishedKeyError, match=r"published .*SY_ENV=local"):
+        create_app(EdgeSettings(env="production", api_keys_file=local))
+    create_app(EdgeSettings(env="local", api_keys_file=local))
+    # A key of the operator's own is served in production.
+    own = tmp_path / "keys.yaml"
+    own.write_text(yaml.safe_dump({"keys": {hash_key("sk-" + "x" * 40): {"tenant": "acme"}}}))
+    create_app(EdgeSettings(env="production", api_keys_file=own))
+    # And a published key added to a running production edge's file is not picked up.
+    ring = KeyRing.load(own, 0.01, published=False)
+    own.write_text(local.read_text())
+    time.sleep(0.05)
+    ring.refresh()
+    with pytest.raises(ApiError):
+        ring.authenticate("Bearer sk-local-dev")
