@@ -42,6 +42,17 @@ def version(path: Path | None = None) -> tuple[int, int, int]:
     return int(numbers[0]), int(numbers[1]), int(numbers[2].split("-")[0])
 
 
+def tls_block(cert: Path, key: Path, ca: Path, *, verify: str = "verify", indent: int = 0) -> str:
+    """A nats-server `tls { }` block: this certificate and key, peers' certificates checked
+    against `ca` (`verify`: every client shows one; `verify_and_map`: a route's maps to the
+    cluster's user), as compose/nats.conf and nats-cluster.conf configure them."""
+    pad = " " * indent
+    lines = [f'cert_file: "{cert}"', f'key_file: "{key}"', f'ca_file: "{ca}"', f"{verify}: true",
+             "timeout: 5"]  # fmt: skip
+    inner = "".join(f"{pad}    {line}\n" for line in lines)
+    return f"{pad}tls {{\n{inner}{pad}}}\n"
+
+
 @dataclass(frozen=True)
 class ClusterMembership:
     """This server's place in a cluster: its name, its route port, and every route."""

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import nats
+import nats.errors
 import pytest
 
 from switchyard.bus.connection import connect
@@ -79,7 +80,8 @@ async def test_a_service_connects_over_tls_as_itself(
         await bus.close()
     # The edge's nkey without its certificate: the TLS handshake already fails.
     no_cert = Settings(**{**edge.model_dump(), "nats_cert": None, "nats_key": None})
-    with pytest.raises(Exception, match=r"(?i)connection|ssl|certificate"):
+    # The server drops the handshake: a reset, a broken pipe or an SSL error, by timing.
+    with pytest.raises((OSError, nats.errors.Error)):
         await nats.connect(
             **no_cert.nats_options(), allow_reconnect=False, max_reconnect_attempts=0,
             connect_timeout=2,

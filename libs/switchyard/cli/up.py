@@ -51,7 +51,7 @@ from switchyard.fleet import Fleet, FleetError, NotReady, PoolReady, Roster, Ser
 from switchyard.fleet.bus import any_reachable, host_port
 from switchyard.fleet.spec import env_of
 from switchyard.identity import Identity
-from switchyard.natsserver import EmbeddedCluster, EmbeddedNats
+from switchyard.natsserver import EmbeddedCluster, EmbeddedNats, tls_block
 from switchyard.pki import CertFiles, LocalCA
 
 GRACE = 20.0
@@ -182,20 +182,15 @@ class LocalSecrets:
 
     def server_config(self) -> str:
         """The production config's TLS (compose/nats.conf) and users (NATS_AUTH)."""
-        return (
-            f'tls {{\n    cert_file: "{self.server.cert}"\n    key_file: "{self.server.key}"\n'
-            f'    ca_file: "{self.ca.cert}"\n    verify: true\n    timeout: 5\n}}\n'
-            f"include ./{NATS_AUTH.name}\n"
-        )
+        tls = tls_block(self.server.cert, self.server.key, self.ca.cert)
+        return f"{tls}include ./{NATS_AUTH.name}\n"
 
     def route_config(self) -> str:
         """compose/nats-cluster.conf's route TLS: only the route certificate opens a route."""
-        return (
-            f'    tls {{\n        cert_file: "{self.route.cert}"\n'
-            f'        key_file: "{self.route.key}"\n        ca_file: "{self.ca.cert}"\n'
-            f"        verify_and_map: true\n        timeout: 5\n    }}\n"
-            f'    authorization {{ user: "CN={ROUTE_USER}" }}\n'
+        tls = tls_block(
+            self.route.cert, self.route.key, self.ca.cert, verify="verify_and_map", indent=4
         )
+        return f'{tls}    authorization {{ user: "CN={ROUTE_USER}" }}\n'
 
 
 def auth_users() -> set[str]:
