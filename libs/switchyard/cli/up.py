@@ -152,6 +152,8 @@ class LocalSecrets:
 
     @classmethod
     def make(cls, directory: Path, users: set[str], host: str) -> LocalSecrets:
+        # Absolute: the server's config and the children (another cwd, perhaps) name them.
+        directory = directory.resolve()
         ca = LocalCA.ensure(directory / "tls")
         names = sorted(users | {ADMIN_USER})
         return cls(
