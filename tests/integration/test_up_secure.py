@@ -17,7 +17,7 @@ import pytest
 from switchyard.bus.connection import connect
 from switchyard.cli.up import ADMIN_USER, LocalSecrets, auth_users, start_nats, write_admin_env
 from switchyard.config import Settings
-from switchyard.natsserver import EmbeddedNats
+from switchyard.natsserver import ClusterMembership, EmbeddedNats, tls_block
 from switchyard.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,3 +104,31 @@ async def test_a_secure_cluster_routes_over_tls(
     finally:
         await bus.close()
     assert os.environ.get("SY_NATS_NKEY_EDGE") is None  # the server's env stays its own
+
+
+@pytest.mark.parametrize("servers", [3], indirect=True)
+async def test_only_the_route_certificate_opens_a_route(
+    servers: list[EmbeddedNats], secrets: LocalSecrets, tmp_path: Path
+) -> None:
+    """A fourth server dialing the cluster with a certificate of the same CA that is not
+    the route certificate (a service's, CN=edge) is refused: `verify_and_map`."""
+    first = servers[0]
+    assert first.membership is not None
+    impostor_cert = secrets.ca.issue("edge", server=True, client=True, stem="impostor")
+    route_tls = tls_block(
+        impostor_cert.cert, impostor_cert.key, secrets.ca.cert, verify="verify_and_map", indent=4
+    )
+    member = ClusterMembership(
+        "impostor", first.membership.cluster, free_port(), first.membership.routes,
+        route_tls + '    authorization { user: "CN=edge" }\n',
+    )  # fmt: skip
+    with EmbeddedNats(tmp_path / "impostor", membership=member, monitor_port=free_port()) as bad:
+        refused = "Route Error 'Authorization Violation'"  # what the members answer it
+        for _ in range(100):
+            if refused in (bad.data_dir / "nats.log").read_text():
+                break
+            await asyncio.sleep(0.1)
+        assert refused in (bad.data_dir / "nats.log").read_text()
+        assert bad.monitor("/routez").get("num_routes", 0) == 0
+    names = {r["remote_name"] for r in first.monitor("/routez")["routes"]}
+    assert "impostor" not in names
