@@ -42,6 +42,17 @@ def version(path: Path | None = None) -> tuple[int, int, int]:
     return int(numbers[0]), int(numbers[1]), int(numbers[2].split("-")[0])
 
 
+def tls_block(cert: Path, key: Path, ca: Path, *, verify: str = "verify", indent: int = 0) -> str:
+    """A nats-server `tls { }` block: this certificate and key, peers' certificates checked
+    against `ca` (`verify`: every client shows one; `verify_and_map`: a route's maps to the
+    cluster's user), as compose/nats.conf and nats-cluster.conf configure them."""
+    pad = " " * indent
+    lines = [f'cert_file: "{cert}"', f'key_file: "{key}"', f'ca_file: "{ca}"', f"{verify}: true",
+             "timeout: 5"]  # fmt: skip
+    inner = "".join(f"{pad}    {line}\n" for line in lines)
+    return f"{pad}tls {{\n{inner}{pad}}}\n"
+
+
 @dataclass(frozen=True)
 class ClusterMembership:
     """This server's place in a cluster: its name, its route port, and every route."""
@@ -50,13 +61,15 @@ class ClusterMembership:
     cluster: str
     route_port: int
     routes: tuple[str, ...]  # nats-route://host:port of every member (itself included)
+    # Verbatim inside the `cluster` block: route TLS and authorization (`sy up --secure`).
+    extra: str = ""
 
     def config_text(self, host: str) -> str:
         routes = ", ".join(self.routes)
         return (
             f"server_name: {self.name}\n"
             f"cluster {{\n    name: {self.cluster}\n    listen: {host}:{self.route_port}\n"
-            f"    routes: [{routes}]\n}}\n"
+            f"    routes: [{routes}]\n{self.extra}}}\n"
         )
 
 
@@ -169,13 +182,15 @@ class EmbeddedNats:
 class EmbeddedCluster:
     """`size` nats-servers on loopback ports forming one JetStream cluster, each with its
     own store under `data_dir/<name>`; stop, kill and restart any member (same ports, same
-    store) to rehearse losing a node. `extra_config` goes into every member's config."""
+    store) to rehearse losing a node. `extra_config` goes into every member's config,
+    `cluster_config` into every member's `cluster` block (route TLS)."""
 
     data_dir: Path
     size: int = 3
     host: str = "127.0.0.1"
     name: str = "switchyard"
     extra_config: str = ""
+    cluster_config: str = ""
     sync_always: bool = False
     new_session: bool = False
     # Client ports to use (e.g. 4222, 4223, 4224); free ones when empty.
@@ -196,7 +211,9 @@ class EmbeddedCluster:
         route_ports = [free_port() for _ in range(self.size)]
         routes = tuple(f"nats-route://{h}:{p}" for h, p in zip(hosts, route_ports, strict=True))
         for i in range(self.size):
-            member = ClusterMembership(f"n{i + 1}", self.name, route_ports[i], routes)
+            member = ClusterMembership(
+                f"n{i + 1}", self.name, route_ports[i], routes, self.cluster_config
+            )
             self.servers.append(
                 EmbeddedNats(
                     data_dir=self.data_dir / member.name,

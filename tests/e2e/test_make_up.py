@@ -69,7 +69,15 @@ class Fleet:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("make-up")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for key in ("SY_NATS_URL", "SY_NATS_USER", "SY_NATS_PASSWORD"):
+    for key in (
+        "SY_NATS_URL",
+        "SY_NATS_USER",
+        "SY_NATS_PASSWORD",
+        "SY_NATS_NKEY_SEED_FILE",
+        "SY_NATS_CA",
+        "SY_NATS_CERT",
+        "SY_NATS_KEY",
+    ):
         env.pop(key, None)
     # The fleet's own Qdrant index: an embedded Qdrant allows one process per path.
     env["SY_KNOWLEDGE_INDEX"] = str(tmp / "knowledge-index")

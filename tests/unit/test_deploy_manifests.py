@@ -8,8 +8,9 @@
 - each GPU worker is pinned to exactly one GPU, all eight distinct;
 - database credentials reach only the executor (and the auditor: a known gap,
   see compose/README.md), the signing key only the validator and executor;
-- the NATS users services log in as exist in nats-auth.conf, the Kubernetes copy
-  of that file is identical, and the partition count agrees everywhere.
+- the NATS users services log in as exist in nats-auth.conf, each container mounts
+  its own user's nkey seed and client certificate and nothing else, the Kubernetes
+  copy of that file is identical, and the partition count agrees everywhere.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ AUDIT_HOLDERS = {"auditor"}
 DB_ADDRESS = {"SY_MYSQL_HOST", "SY_MYSQL_PORT"}
 SIGNING_HOLDERS = {"validator", "executor"}
 OPERATOR_JOB = "operator"
+# Paths of a service's NATS TLS files and nkey seed: where secrets are, not secrets.
+NATS_FILES = {"SY_NATS_CA", "SY_NATS_CERT", "SY_NATS_KEY", "SY_NATS_NKEY_SEED_FILE"}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -152,7 +155,7 @@ class Container:
     name: str
     argv: list[str]
     env: dict[str, str]  # value "<secret>" for values from a Secret
-    secret_refs: set[str]
+    secret_refs: set[str]  # Secrets (k8s) or compose secrets it reads, as variables or files
 
 
 def compose_containers() -> Iterator[Container]:
@@ -163,7 +166,8 @@ def compose_containers() -> Iterator[Container]:
         for f in svc.get("env_file", []):
             env.update(read_env_file(COMPOSE_DIR / f))
         env.update({k: str(v) for k, v in (svc.get("environment") or {}).items()})
-        yield Container("compose", name, list(svc["command"]), env, set())
+        mounted = {s if isinstance(s, str) else s["source"] for s in svc.get("secrets", [])}
+        yield Container("compose", name, list(svc["command"]), env, mounted)
 
 
 def k8s_docs() -> list[dict[str, Any]]:
@@ -206,6 +210,9 @@ def k8s_containers() -> Iterator[Container]:
                 if ref:
                     refs.add(ref["name"])
                 env[item["name"]] = "<secret>" if ref else str(item.get("value", "<field>"))
+            mounts = {m["name"] for m in c.get("volumeMounts", [])}
+            refs |= {v["secret"]["secretName"] for v in spec.get("volumes", [])
+                     if "secret" in v and v["name"] in mounts}  # fmt: skip
             yield Container("k8s", doc["metadata"]["name"], list(c["command"]), env, refs)
 
 
@@ -222,7 +229,8 @@ def role(c: Container) -> str:
 
 
 def nats_users() -> set[str]:
-    return set(re.findall(r"^\s*user:\s*([A-Za-z0-9_-]+)\s*$", AUTH.read_text(), re.MULTILINE))
+    found = re.findall(r"^\s*nkey:\s*\$SY_NATS_NKEY_([A-Z0-9_]+)\s*$", AUTH.read_text(), re.M)
+    return {name.lower() for name in found}
 
 
 def ids(cs: list[Container]) -> list[str]:
@@ -276,15 +284,30 @@ def test_database_credentials_only_reach_the_executor(c: Container) -> None:
         assert role(c) in SIGNING_HOLDERS | {OPERATOR_JOB}, c.name
 
 
+def identity_secrets(c: Container, user: str) -> set[str]:
+    """The secrets that hold `user`'s NATS identity where `c` is deployed."""
+    if c.where == "compose":
+        return {"nats-ca", f"{user}-nkey", f"{user}-cert", f"{user}-key"}
+    return {f"nats-{user}"}
+
+
 @pytest.mark.parametrize("c", CONTAINERS, ids=ids(CONTAINERS))
 def test_services_log_in_to_nats_as_their_own_user(c: Container) -> None:
+    identity = {"SY_NATS_USER", "SY_NATS_PASSWORD", "SY_NATS_NKEY_SEED_FILE"}
+    every = {name for u in nats_users() for name in identity_secrets(c, u)} - {"nats-ca"}
     if c.name == "sql-provision":  # talks to MariaDB only: no NATS identity at all
-        assert not {"SY_NATS_USER", "SY_NATS_PASSWORD"} & set(c.env)
+        assert not identity & set(c.env)
+        assert not every & c.secret_refs
         return
     user = c.env.get("SY_NATS_USER")
     assert user in nats_users(), f"{c.name}: NATS user {user!r} is not in {AUTH.name}"
     assert user == ("admin" if role(c) == OPERATOR_JOB else role(c))
-    assert "SY_NATS_PASSWORD" in c.env
+    # Its own nkey seed and certificate, mounted as files; no password, nobody else's key.
+    assert "SY_NATS_PASSWORD" not in c.env
+    assert {"SY_NATS_NKEY_SEED_FILE", "SY_NATS_CA", "SY_NATS_CERT", "SY_NATS_KEY"} <= set(c.env)
+    mine = identity_secrets(c, user)
+    assert mine <= c.secret_refs, f"{c.name}: mounts {sorted(c.secret_refs)}"
+    assert (every & c.secret_refs) == mine - {"nats-ca"}
 
 
 def test_the_partition_count_agrees_everywhere() -> None:
@@ -300,13 +323,36 @@ def test_kubernetes_loads_the_same_nats_users() -> None:
     assert (K8S / "nats" / "nats-auth.conf").read_bytes() == AUTH.read_bytes()
 
 
-def test_every_user_has_a_password_variable() -> None:
-    declared = set(read_env_file(COMPOSE_DIR / "env" / "nats.env"))
-    referenced = set(re.findall(r"\$(SY_NATS_PASSWORD_[A-Z]+)", AUTH.read_text()))
-    assert referenced == {f"SY_NATS_PASSWORD_{u.upper()}" for u in nats_users()}
-    assert declared == referenced
-    secret = next(d for d in k8s_docs() if d["metadata"]["name"] == "nats-passwords")
-    assert set(secret["stringData"]) == nats_users()
+def test_every_user_has_a_public_nkey_and_an_identity_secret() -> None:
+    """The server's public keys (not secrets) and, per user, where its seed lives."""
+    users = nats_users()
+    assert users == {"admin", "edge", "preprocessor", "router", "worker", "sqlflow",
+                     "validator", "executor", "auditor"}  # fmt: skip
+    declared = read_env_file(COMPOSE_DIR / "env" / "nats.env")
+    assert set(declared) == {f"SY_NATS_NKEY_{u.upper()}" for u in users}
+    nkeys = next(d for d in k8s_docs() if d["metadata"]["name"] == "nats-nkeys")
+    assert set(nkeys["data"]) == users
+    secrets = {d["metadata"]["name"] for d in k8s_docs() if d["kind"] == "Secret"}
+    assert {f"nats-{u}" for u in users} <= secrets
+    compose_secrets = set(compose()["secrets"])
+    assert {f"{u}-{part}" for u in users for part in ("nkey", "cert", "key")} <= compose_secrets
+
+
+def test_no_shipped_nats_identity_works() -> None:
+    """Every public key, seed and certificate in the repository is a placeholder: none
+    is an nkey or a PEM, so nothing committed opens (or runs) a NATS server."""
+    values = list(read_env_file(COMPOSE_DIR / "env" / "nats.env").values())
+    values += list(next(d for d in k8s_docs() if d["metadata"]["name"] == "nats-nkeys")["data"]
+                   .values())  # fmt: skip
+    for doc in k8s_docs():
+        if doc["kind"] == "Secret" and doc["metadata"]["name"].startswith("nats-"):
+            values += list(doc["stringData"].values())
+    assert values and set(values) == {"changeme"}
+    tracked = subprocess.run(
+        ["git", "ls-files", "compose/secrets"], cwd=ROOT, capture_output=True, text=True,
+        check=True,
+    )  # fmt: skip
+    assert tracked.stdout == ""
 
 
 # --------------------------------------------------------------------------- compose
@@ -316,7 +362,10 @@ def test_placeholder_secrets_are_refused_in_production(monkeypatch: pytest.Monke
     """Each service's env files, as shipped, must not start: the secrets are placeholders."""
     checked = 0
     for c in compose_containers():
-        secrets = {k for k in c.env if "PASSWORD" in k or "SECRET" in k or k.endswith("_KEY")}
+        secrets = {
+            k for k in c.env
+            if ("PASSWORD" in k or "SECRET" in k or k.endswith("_KEY")) and k not in NATS_FILES
+        }  # fmt: skip
         if not secrets:
             continue
         main = settings_for(programs(c.argv)[0])[0]
@@ -334,7 +383,38 @@ def test_placeholder_secrets_are_refused_in_production(monkeypatch: pytest.Monke
             monkeypatch.setenv("SY_MYSQL_DSN", "mysql://root:s3cret@mariadb:3306")
         main()
         checked += 1
-    assert checked >= 8
+    # executor, validator, auditor, nats-provision... : the NATS identity is files now.
+    assert checked >= 4
+
+
+def test_production_nats_settings_are_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each compose service, as shipped, connects with TLS and its nkey seed file (paths
+    to its mounted secrets), and refuses to connect once the seed's path is gone."""
+    checked = 0
+    for c in compose_containers():
+        if "SY_NATS_USER" not in c.env:
+            continue
+        main = settings_for(programs(c.argv)[0])[0]
+        for key in list(os.environ):
+            if key.startswith("SY_"):
+                monkeypatch.delenv(key)
+        for k, v in c.env.items():
+            monkeypatch.setenv(k, "s3cret-value-0123456789" if "PASSWORD" in k else v)
+        monkeypatch.setenv("SY_SQL_SIGNING_KEY", "x" * 40)
+        monkeypatch.setenv("SY_SQL_DB_SECRET", "s3cret-value-0123456789")
+        if "SY_MYSQL_DSN" in c.env:
+            monkeypatch.setenv("SY_MYSQL_DSN", "mysql://root:s3cret@mariadb:3306")
+        settings = main()
+        assert isinstance(settings, Settings)
+        with pytest.raises(OSError):  # the TLS files exist only where compose mounts them
+            settings.nats_options()
+        assert str(settings.nats_nkey_seed_file).startswith("/run/secrets/")
+        assert str(settings.nats_ca).startswith("/run/secrets/")
+        monkeypatch.delenv("SY_NATS_NKEY_SEED_FILE")
+        with pytest.raises(ValueError, match="SY_NATS_NKEY_SEED_FILE"):
+            main().nats_options()
+        checked += 1
+    assert checked >= 9
 
 
 def test_gpu_workers_own_one_distinct_gpu_each() -> None:
@@ -481,13 +561,17 @@ def test_k8s_executor_reaches_only_the_database_and_nats() -> None:
 
 def test_k8s_nats_values_run_a_three_node_jetstream_cluster() -> None:
     values = yaml.safe_load((K8S / "nats-values.yaml").read_text())
-    assert values["config"]["cluster"] == {"enabled": True, "replicas": 3}
+    assert values["config"]["cluster"]["enabled"] is True
+    assert values["config"]["cluster"]["replicas"] == 3
     assert values["config"]["jetstream"]["enabled"] is True
     assert values["config"]["jetstream"]["merge"]["sync_interval"] == "always"
     assert any("$include" in k for k in values["config"]["merge"])
-    assert set(values["container"]["env"]) == {
-        f"SY_NATS_PASSWORD_{u.upper()}" for u in nats_users()
-    }
+    assert set(values["container"]["env"]) == {f"SY_NATS_NKEY_{u.upper()}" for u in nats_users()}
+    # TLS on the client port (client certificates required) and on the routes.
+    assert values["config"]["nats"]["tls"]["enabled"] is True
+    assert values["config"]["nats"]["tls"]["merge"]["verify"] is True
+    assert values["config"]["cluster"]["tls"]["enabled"] is True
+    assert values["config"]["cluster"]["tls"]["merge"]["verify_and_map"] is True
     top = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     assert top["helmCharts"][0]["valuesFile"] == "nats-values.yaml"
 

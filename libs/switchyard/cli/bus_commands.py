@@ -1,4 +1,4 @@
-"""Bus commands: `sy nats`, `sy provision`, `sy publish`, `sy streams`."""
+"""Bus commands: `sy nats`, `sy nkey`, `sy provision`, `sy publish`, `sy streams`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from switchyard.codec import ENVELOPES
 from switchyard.config import Settings
 from switchyard.envelope import Envelope
 from switchyard.errors import SwitchyardError
+from switchyard.identity import Identity
 from switchyard.messages.inference import GenerateRequest
 from switchyard.natsserver import EmbeddedCluster, EmbeddedNats
 
@@ -143,6 +144,19 @@ def register(app: typer.Typer) -> None:
         finally:
             for server in servers:
                 server.stop()
+
+    @app.command()
+    def nkey(
+        name: str = typer.Argument(help="the identity: a user of compose/nats-auth.conf"),
+        out: Path = typer.Option(Path("."), help="directory of the seed file <name>.nk"),
+    ) -> None:
+        """Make a service's NATS identity: its seed into <out>/<name>.nk (mode 0600; kept if
+        it exists), and print the public key line for the server (env/nats.env or the
+        Kubernetes ConfigMap). Store the seed as that service's secret, nowhere else."""
+        identity = Identity.ensure(out, name)
+        err.print(f"seed: {identity.seed_file} (secret: mount it as SY_NATS_NKEY_SEED_FILE)")
+        for key, value in identity.server_env().items():
+            console.print(f"{key}={value}", soft_wrap=True)
 
     @app.command()
     def provision(

@@ -84,10 +84,12 @@ def _stop_cleanly_on_signals() -> None:
     signal.signal(signal.SIGINT, interrupt)
 
 
-def _overhead_cfg(requests: int, concurrency: int, block: int) -> OverheadConfig:
+def _overhead_cfg(requests: int, concurrency: int, block: int, tls: bool = False) -> OverheadConfig:
     from switchyard.bench.peers.overhead import OverheadConfig
 
-    return OverheadConfig(requests=requests, concurrency=concurrency, block=min(block, requests))
+    return OverheadConfig(
+        requests=requests, concurrency=concurrency, block=min(block, requests), tls=tls
+    )
 
 
 def _routing_cfg(sessions: int, steps: int, backends: int, delay_scale: float, seed: int,
@@ -113,6 +115,9 @@ def _routing_cfg(sessions: int, steps: int, backends: int, delay_scale: float, s
 REQUESTS = typer.Option(2000, min=10, help="overhead: requests per path")
 CONCURRENCY = typer.Option(8, min=1, help="overhead: requests in flight")
 BLOCK = typer.Option(200, min=10, help="overhead: requests per interleaved block")
+TLS = typer.Option(
+    False, "--tls", help="overhead: Switchyard's NATS over TLS with client certificates"
+)
 WORKLOAD = typer.Option("agent", help="routing: agent (episodes) or chat (tenants)")
 SESSIONS = typer.Option(200, min=1, help="routing, agent: episodes, all at once")
 STEPS = typer.Option(20, min=1, help="routing, agent: steps per episode")
@@ -136,10 +141,10 @@ POLICY = typer.Option(None, "--policy", help="routing: only these columns (repea
 @peers.command("overhead")
 def overhead_cmd(
     requests: int = REQUESTS, concurrency: int = CONCURRENCY, block: int = BLOCK,
-    out: Path = OUT, as_json: bool = AS_JSON,
+    out: Path = OUT, as_json: bool = AS_JSON, tls: bool = TLS,
 ) -> None:  # fmt: skip
     """Latency each router adds over one sim server, all paths interleaved in one run."""
-    _run(out, as_json, _overhead_cfg(requests, concurrency, block), None)
+    _run(out, as_json, _overhead_cfg(requests, concurrency, block, tls), None)
 
 
 @peers.command("routing")

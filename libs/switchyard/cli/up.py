@@ -12,10 +12,12 @@ it prints one line for the start-up, where the edge listens and a first request
 to try. The children's JSON logs are shown as they are, or rendered for a person
 on a terminal (`--log-format`, `switchyard.cli.logview`).
 
-`--secure` runs the production NATS permissions locally: the embedded server
-loads `compose/nats-auth.conf` (one user per service, each allowed exactly its
-subjects), every child connects as its own user with a fresh random password,
-and the operator's `admin` credentials are written to `<data dir>/nats/admin.env`.
+`--secure` runs NATS as production does, locally: the embedded server speaks only
+TLS and wants a client certificate (routes too, with `--nats-cluster`), and loads
+`compose/nats-auth.conf` (one nkey user per service, each allowed exactly its
+subjects); every child connects with its own nkey and certificate, made by a
+throwaway CA under `<data dir>/nats/` (`LocalSecrets`), and the operator's `admin`
+settings are written to `<data dir>/nats/admin.env`.
 SIGINT or SIGTERM stops the children (SIGTERM, then SIGKILL after `GRACE`
 seconds) and the embedded nats-server last. Children and the server run in
 their own sessions so a terminal's Ctrl-C reaches only this supervisor, which
@@ -30,12 +32,11 @@ import dataclasses
 import importlib.util
 import os
 import re
-import secrets
 import signal
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -48,13 +49,18 @@ from switchyard.config import Settings
 from switchyard.errors import SwitchyardError
 from switchyard.fleet import Fleet, FleetError, NotReady, PoolReady, Roster, Service, launch
 from switchyard.fleet.bus import any_reachable, host_port
-from switchyard.natsserver import EmbeddedCluster, EmbeddedNats
+from switchyard.fleet.spec import env_of
+from switchyard.identity import Identity
+from switchyard.natsserver import EmbeddedCluster, EmbeddedNats, tls_block
+from switchyard.pki import CertFiles, LocalCA
 
 GRACE = 20.0
 DATA_DIR = Path(".sy")
 # The production users and permissions (compose/nats.conf includes the same file).
 NATS_AUTH = Path("compose/nats-auth.conf")
 ADMIN_USER = "admin"
+# The route certificate's common name, what compose/nats-cluster.conf admits as a route.
+ROUTE_USER = "switchyard-nats-route"
 READY_TIMEOUT = 300.0  # s: the first llama.cpp loads and the sqlflow index take a while
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})  # noqa: S104 - a URL, not a bind
 
@@ -129,36 +135,77 @@ def roster(procs: list[Service]) -> Roster:
 
 
 @dataclass(frozen=True)
-class Credentials:
-    """One random password per NATS user of compose/nats-auth.conf (`--secure`)."""
+class LocalSecrets:
+    """`--secure`: what a deployment's secrets hold, made on this machine (local only).
 
-    passwords: dict[str, str]
+    Under `<data dir>/nats/`: a throwaway CA (`tls/`, reused while it is valid), the
+    server's and the routes' certificates, and per NATS user of compose/nats-auth.conf an
+    nkey seed (`nkeys/`, reused) and a client certificate. The server sees public keys
+    only; each child gets the paths of its own seed and certificate.
+    """
+
+    ca: LocalCA
+    server: CertFiles
+    route: CertFiles
+    identities: dict[str, Identity]
+    clients: dict[str, CertFiles]
 
     @classmethod
-    def fresh(cls, users: set[str]) -> Credentials:
-        # nats-server parses an environment value like config text: a leading digit would
-        # read as a number, so each password is a letter and hex digits.
-        return cls({u: "p" + secrets.token_hex(24) for u in sorted(users | {ADMIN_USER})})
+    def make(cls, directory: Path, users: set[str], host: str) -> LocalSecrets:
+        # Absolute: the server's config and the children (another cwd, perhaps) name them.
+        directory = directory.resolve()
+        ca = LocalCA.ensure(directory / "tls")
+        names = sorted(users | {ADMIN_USER})
+        return cls(
+            ca=ca,
+            server=ca.issue("server", hosts=[host], server=True),
+            route=ca.issue(ROUTE_USER, hosts=[host], server=True, client=True, stem="route"),
+            identities={u: Identity.ensure(directory / "nkeys", u) for u in names},
+            clients={u: ca.issue(u, client=True) for u in names},
+        )
 
     def server_env(self) -> dict[str, str]:
-        """What nats-auth.conf's `$SY_NATS_PASSWORD_<USER>` references resolve to."""
-        return {f"SY_NATS_PASSWORD_{u.upper()}": pw for u, pw in self.passwords.items()}
+        """What nats-auth.conf's `$SY_NATS_NKEY_<USER>` references resolve to."""
+        env: dict[str, str] = {}
+        for identity in self.identities.values():
+            env |= identity.server_env()
+        return env
+
+    def client_settings(self, user: str) -> dict[str, Any]:
+        """`user`'s Settings fields: its identity and TLS files (paths, no secret inside)."""
+        cert = self.clients[user]
+        return {
+            "nats_user": user, "nats_nkey_seed_file": self.identities[user].seed_file,
+            "nats_ca": self.ca.cert, "nats_cert": cert.cert, "nats_key": cert.key,
+        }  # fmt: skip
 
     def client_env(self, user: str) -> dict[str, str]:
-        return {"SY_NATS_USER": user, "SY_NATS_PASSWORD": self.passwords[user]}
+        return env_of(**self.client_settings(user))
+
+    def server_config(self) -> str:
+        """The production config's TLS (compose/nats.conf) and users (NATS_AUTH)."""
+        tls = tls_block(self.server.cert, self.server.key, self.ca.cert)
+        return f"{tls}include ./{NATS_AUTH.name}\n"
+
+    def route_config(self) -> str:
+        """compose/nats-cluster.conf's route TLS: only the route certificate opens a route."""
+        tls = tls_block(
+            self.route.cert, self.route.key, self.ca.cert, verify="verify_and_map", indent=4
+        )
+        return f'{tls}    authorization {{ user: "CN={ROUTE_USER}" }}\n'
 
 
 def auth_users() -> set[str]:
-    """Every user NATS_AUTH declares (each needs its password variable set to start)."""
+    """Every user NATS_AUTH declares (each needs its public nkey variable set to start)."""
     if not NATS_AUTH.is_file():
         raise FileNotFoundError(f"{NATS_AUTH} not found: run `sy up` from the repository root")
-    found = re.findall(r"\$SY_NATS_PASSWORD_([A-Z0-9_]+)", NATS_AUTH.read_text())
+    found = re.findall(r"\$SY_NATS_NKEY_([A-Z0-9_]+)", NATS_AUTH.read_text())
     return {name.lower() for name in found}
 
 
-def secure(procs: list[Service], creds: Credentials) -> list[Service]:
-    """Each process connects as its own NATS user."""
-    return [dataclasses.replace(p, env={**p.env, **creds.client_env(p.nats_user)}) for p in procs]
+def secure(procs: list[Service], secrets: LocalSecrets) -> list[Service]:
+    """Each process connects over TLS as its own NATS user."""
+    return [dataclasses.replace(p, env={**p.env, **secrets.client_env(p.nats_user)}) for p in procs]
 
 
 def edge_url(procs: list[Service]) -> str | None:
@@ -178,32 +225,33 @@ def first_request(url: str) -> str:
 
 
 def start_nats(
-    host: str, port: int, data_dir: Path, creds: Credentials | None = None, cluster: int = 1
+    host: str, port: int, data_dir: Path, secrets: LocalSecrets | None = None, cluster: int = 1
 ) -> list[EmbeddedNats]:
     """An embedded nats-server, or `cluster` of them as one JetStream cluster on ports
-    `port`, `port+1`...; with `creds`, the production users of NATS_AUTH on each."""
+    `port`, `port+1`...; with `secrets`, TLS (routes too) and the production users of
+    NATS_AUTH on each."""
     data_dir = data_dir.resolve()
-    extra = ""
-    if creds is not None:
+    extra = routes = ""
+    if secrets is not None:
         if not NATS_AUTH.is_file():
             raise FileNotFoundError(f"{NATS_AUTH} not found: run `sy up` from the repository root")
-        extra = f"include ./{NATS_AUTH.name}"
+        extra, routes = secrets.server_config(), secrets.route_config()
     if cluster > 1:
         group = EmbeddedCluster(
-            data_dir, cluster, host=host, extra_config=extra, new_session=True,
-            ports=tuple(range(port, port + cluster)),
+            data_dir, cluster, host=host, extra_config=extra, cluster_config=routes,
+            new_session=True, ports=tuple(range(port, port + cluster)),
         )  # fmt: skip
         servers = group.servers
     else:
         servers = [EmbeddedNats(data_dir=data_dir, host=host, port=port, new_session=True,
                                 extra_config=extra)]  # fmt: skip
-    if creds is not None:
+    if secrets is not None:
         for server in servers:
             # nats-server resolves `include` relative to the config file, which lives here.
             server.data_dir.mkdir(parents=True, exist_ok=True)
             (server.data_dir / NATS_AUTH.name).write_text(NATS_AUTH.read_text())
-    # The server reads its users' passwords from its environment; children never see them.
-    env = creds.server_env() if creds is not None else {}
+    # The server reads its users' public keys from its environment.
+    env = secrets.server_env() if secrets is not None else {}
     os.environ.update(env)
     try:
         if cluster > 1:
@@ -216,13 +264,14 @@ def start_nats(
             os.environ.pop(key, None)
 
 
-def write_admin_env(path: Path, url: str, creds: Credentials) -> None:
-    """The operator's credentials for `sy` commands against a `--secure` fleet (mode 0600)."""
+def write_admin_env(path: Path, url: str, secrets: LocalSecrets) -> None:
+    """The operator's settings for `sy` commands against a `--secure` fleet: paths to the
+    admin's seed and certificate, no secret itself (mode 0600 all the same)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(f"SY_NATS_URL={url}\n")
-        for key, value in creds.client_env(ADMIN_USER).items():
+        for key, value in secrets.client_env(ADMIN_USER).items():
             f.write(f"{key}={value}\n")
 
 
@@ -269,7 +318,7 @@ async def announce(fleet: Fleet, view: LogView) -> None:
 
 
 async def supervise(
-    procs: list[Service], url: str, nats: list[EmbeddedNats], creds: Credentials | None,
+    procs: list[Service], url: str, nats: list[EmbeddedNats], secrets: LocalSecrets | None,
     log_format: LogFormat,
 ) -> int:  # fmt: skip
     """Run `procs` until Ctrl-C/SIGTERM or one of them exits; the exit status."""
@@ -278,12 +327,12 @@ async def supervise(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     view = LogView(console, [p.name for p in procs], pretty=pretty(log_format, console.is_terminal))
-    admin = (ADMIN_USER, creds.passwords[ADMIN_USER]) if creds is not None else None
+    admin = secrets.client_settings(ADMIN_USER) if secrets is not None else None
     topology = describe(build_topology(TopologySettings(nats_url=url)))
     code = 0
     exited: set[str] = set()  # reported when they exited, not again when the rest stops
     async with launch(
-        roster(procs), nats_url=url, credentials=admin, on_output=view.line, ready_timeout=None,
+        roster(procs), nats_url=url, nats_identity=admin, on_output=view.line, ready_timeout=None,
         grace=GRACE,
     ) as fleet:  # fmt: skip
         status("provision", "green", "●", f"{topology}: {changes(fleet.provisioned)}")
@@ -364,7 +413,9 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option(
                 "--secure",
-                help=f"embedded NATS with the per-service users of {NATS_AUTH}",
+                help=f"embedded NATS as in production: TLS (client certificates, TLS "
+                f"routes) and the per-service nkey users of {NATS_AUTH}, with a throwaway "
+                "CA and keys under --data-dir",
             ),
         ] = False,
         log_format: Annotated[
@@ -391,19 +442,20 @@ def register(app: typer.Typer) -> None:
         procs, skipped = plan(FLEET, workers=workers, engine=engine, edge_port=edge_port)
         topology = build_topology(TopologySettings(nats_url=url))
         nats_dir = data_dir / "nats"
-        creds: Credentials | None = None
+        secrets: LocalSecrets | None = None
         if secure_users:
             if external:
                 status("nats", "red", "✗", f"--secure needs its own nats-server: {url} is taken")
                 raise typer.Exit(1)
-            creds = Credentials.fresh(auth_users() | {p.nats_user for p in procs})
-            procs = secure(procs, creds)
+            identities = auth_users() | {p.nats_user for p in procs}
+            secrets = LocalSecrets.make(nats_dir, identities, host)
+            procs = secure(procs, secrets)
 
         if external:
             status("nats", "green", "●", f"{url} is reachable: using it")
         elif host in LOCAL_HOSTS:
             verb = "would start" if dry_run else "starting"
-            users = f", users of {NATS_AUTH}" if creds is not None else ""
+            users = f", TLS and the users of {NATS_AUTH}" if secrets is not None else ""
             what = f"an embedded nats-server on {host}:{port}, store {nats_dir}/{users}"
             if nats_cluster > 1:
                 replicas = os.environ["SY_REPLICAS"]
@@ -431,14 +483,15 @@ def register(app: typer.Typer) -> None:
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             if not external:
-                servers = start_nats(host, port, nats_dir, creds, nats_cluster)
+                servers = start_nats(host, port, nats_dir, secrets, nats_cluster)
                 logs = ", ".join(str(s.data_dir / "nats.log") for s in servers)
                 status("nats", "green", "●", f"embedded nats-server on {url}, log {logs}")
-            if creds is not None:
+            if secrets is not None:
                 admin = nats_dir / "admin.env"
-                write_admin_env(admin, url, creds)
-                status("nats", "green", "●", f"per-service users; operator credentials in {admin}")
-            code = asyncio.run(supervise(procs, url, servers, creds, log_format))
+                write_admin_env(admin, url, secrets)
+                said = f"TLS, per-service users; operator settings in {admin}"
+                status("nats", "green", "●", said)
+            code = asyncio.run(supervise(procs, url, servers, secrets, log_format))
         except KeyboardInterrupt:
             code = 130
         except (OSError, RuntimeError, SwitchyardError) as exc:  # no traceback for the expected

@@ -17,11 +17,10 @@ import asyncio
 import contextlib
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
-
-from pydantic import SecretStr
 
 from switchyard.bus.connection import connect
 from switchyard.bus.provision import Change
@@ -109,11 +108,11 @@ class Launch:
 
     def __init__(
         self, fleet: FleetSpec | Roster, mode: Mode, *, nats_url: str | None,
-        credentials: tuple[str, str] | None, log_dir: Path | None,
+        nats_identity: Mapping[str, Any] | None, log_dir: Path | None,
         on_output: OutputSink | None, ready_timeout: float | None, grace: float,
     ) -> None:  # fmt: skip
         self.fleet, self.mode, self.nats_url = fleet, mode, nats_url
-        self.credentials, self.log_dir, self.on_output = credentials, log_dir, on_output
+        self.nats_identity, self.log_dir, self.on_output = nats_identity, log_dir, on_output
         self.ready_timeout, self.grace = ready_timeout, grace
         self._sync = contextlib.ExitStack()
         self._async = contextlib.AsyncExitStack()
@@ -178,9 +177,8 @@ class Launch:
         fields: dict[str, Any] = {"nats_url": url, "partitions": roster.partitions}
         if roster.pools:
             fields["pools"] = [pool.pool for pool in roster.pools]
-        if self.credentials is not None:
-            user, password = self.credentials
-            fields |= {"nats_user": user, "nats_password": SecretStr(password)}
+        if self.nats_identity is not None:
+            fields |= self.nats_identity
         return roster, TopologySettings(**fields), since
 
     def _processes(
@@ -201,20 +199,21 @@ class Launch:
 
 def launch(
     fleet: FleetSpec | Roster, mode: Mode = "process", *, nats_url: str | None = None,
-    credentials: tuple[str, str] | None = None, log_dir: Path | None = None,
+    nats_identity: Mapping[str, Any] | None = None, log_dir: Path | None = None,
     on_output: OutputSink | None = None, ready_timeout: float | None = READY_TIMEOUT,
     grace: float = GRACE,
 ) -> Launch:  # fmt: skip
     """A context manager yielding the `Fleet` once it is ready.
 
     `nats_url`: run on that server (else on an embedded one, stopped last);
-    `credentials`: the (user, password) the launcher provisions and watches readiness
-    as; `log_dir`: where the children's logs and the files the spec writes (tenant
-    policy, keys) go (a kept temporary directory otherwise); `on_output`: the children's
-    output line by line instead of log files; `ready_timeout`: None to return at once
-    and call `Fleet.wait_ready()` yourself; `grace`: seconds from SIGTERM to SIGKILL.
+    `nats_identity`: the Settings fields (user, nkey seed file, TLS files) the launcher
+    provisions and watches readiness as; `log_dir`: where the children's logs and the
+    files the spec writes (tenant policy, keys) go (a kept temporary directory
+    otherwise); `on_output`: the children's output line by line instead of log files;
+    `ready_timeout`: None to return at once and call `Fleet.wait_ready()` yourself;
+    `grace`: seconds from SIGTERM to SIGKILL.
     """
     return Launch(
-        fleet, mode, nats_url=nats_url, credentials=credentials, log_dir=log_dir,
+        fleet, mode, nats_url=nats_url, nats_identity=nats_identity, log_dir=log_dir,
         on_output=on_output, ready_timeout=ready_timeout, grace=grace,
     )  # fmt: skip

@@ -49,6 +49,7 @@ class OverheadConfig:
     block: int = 200
     max_tokens: int = 8
     warmup: int = 50
+    tls: bool = False  # NATS over TLS with client certificates, as in production
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
             await asyncio.to_thread(group.wait_http, child, url + cmd.health_path, 90)
             routers[column] = url
         async with switchyard_fleet(
-            log_dir / "overhead", workers=1, delay_scale=0.0, edge=True
+            log_dir / "overhead", workers=1, delay_scale=0.0, edge=True, tls=cfg.tls
         ) as fleet:
             if fleet.edge_url is None:
                 raise FleetError("the Switchyard fleet was started without its edge")

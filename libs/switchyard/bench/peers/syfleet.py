@@ -5,18 +5,22 @@ The same services `sy up` runs (`python -m services.<name>`), each its own proce
 peers' routers and backends, on a private pool and an embedded `nats-server`, with an
 unmetered tenant policy (the benchmark measures routing, not quotas) that every tenant of
 the workloads falls under (`bench` for the agent and the overhead run, `t0`, `t1`, ... for
-chat).
+chat). With `tls`, NATS speaks TLS with client certificates as in production (a throwaway
+CA; one client certificate for every process: the benchmark prices the encryption, not
+the identities), to measure what TLS costs on the NATS path.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from switchyard.bus.connection import Bus, connect
 from switchyard.fleet import UNMETERED, Edge, FleetSpec, Pool, env_of, launch
+from switchyard.natsserver import EmbeddedNats, tls_block
+from switchyard.pki import LocalCA
 
 POOL = "peers"
 TENANT = "bench"
@@ -36,29 +40,49 @@ class SwitchyardFleet:
 async def switchyard_fleet(
     log_dir: Path, *, workers: int, delay_scale: float, edge: bool,
     kv_blocks: int | None = None, max_num_seqs: int | None = None,
-    routing_policy: str = "switchyard",
+    routing_policy: str = "switchyard", tls: bool = False,
 ) -> AsyncIterator[SwitchyardFleet]:  # fmt: skip
     """The fleet, ready (every partition bound; the edge answering), its logs in `log_dir`;
-    its router placing requests by `routing_policy` (`SY_ROUTING_POLICY`)."""
+    its router placing requests by `routing_policy` (`SY_ROUTING_POLICY`); NATS over TLS
+    with `tls`."""
     sim = env_of(sim_delay_scale=delay_scale)
     if kv_blocks is not None:
         sim |= env_of(sim_kv_capacity_tokens=kv_blocks * 16)
     if max_num_seqs is not None:
         sim |= env_of(sim_max_num_seqs=max_num_seqs)
     pool = Pool(POOL, workers, sim)
-    spec = FleetSpec(
-        pools=(pool,), engine="sim", partitions=PARTITIONS,
-        services=("router", "preprocessor") if edge else ("router",),
-        tenant_policy=UNMETERED, env=env_of(log_level="warning", chat_pool=POOL),
-        service_env={"router": env_of(routing_policy=routing_policy)},
-        edge=Edge(keys={KEY: TENANT}, env=env_of(max_tokens_cap=4096)) if edge else None,
-    )  # fmt: skip
-    async with launch(spec, log_dir=log_dir) as fleet:
-        bus = await connect(fleet.client, "sy-bench-peers")
-        try:
-            yield SwitchyardFleet(fleet.nats_url, bus, fleet.edge_url, list(pool.worker_ids()))
-        finally:
-            await bus.close()
+    with contextlib.ExitStack() as stack:
+        nats_url: str | None = None  # launch's own embedded server, in the clear
+        identity: dict[str, Path] = {}
+        if tls:
+            nats_url, identity = stack.enter_context(_tls_nats(log_dir / "nats-tls"))
+        spec = FleetSpec(
+            pools=(pool,), engine="sim", partitions=PARTITIONS,
+            services=("router", "preprocessor") if edge else ("router",),
+            tenant_policy=UNMETERED, env=env_of(log_level="warning", chat_pool=POOL, **identity),
+            service_env={"router": env_of(routing_policy=routing_policy)},
+            edge=Edge(keys={KEY: TENANT}, env=env_of(max_tokens_cap=4096)) if edge else None,
+        )  # fmt: skip
+        async with launch(
+            spec, nats_url=nats_url, nats_identity=identity, log_dir=log_dir
+        ) as fleet:
+            bus = await connect(fleet.client, "sy-bench-peers")
+            try:
+                yield SwitchyardFleet(fleet.nats_url, bus, fleet.edge_url, list(pool.worker_ids()))
+            finally:
+                await bus.close()
+
+
+@contextlib.contextmanager
+def _tls_nats(directory: Path) -> Iterator[tuple[str, dict[str, Path]]]:
+    """An embedded nats-server with TLS and client certificates; its URL and the Settings
+    fields (CA, certificate, key) a client connects with."""
+    ca = LocalCA.ensure(directory / "tls")
+    server = ca.issue("server", server=True)
+    client = ca.issue("bench", client=True)
+    extra = tls_block(server.cert, server.key, ca.cert)
+    with EmbeddedNats(directory, extra_config=extra) as nats:
+        yield nats.url, {"nats_ca": ca.cert, "nats_cert": client.cert, "nats_key": client.key}
 
 
 def edge_headers() -> dict[str, str]:
