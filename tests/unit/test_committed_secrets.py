@@ -128,10 +128,17 @@ def test_the_scan_reads_the_configs_it_means_to() -> None:
     """Not vacuous: the secrets the deployment needs are found and checked."""
     names = {(rel, name) for rel, name, _ in config_secrets()}
     assert ("compose/env/executor.env", "SY_SQL_DB_SECRET") in names
-    assert ("compose/env/nats.env", "SY_NATS_PASSWORD_EDGE") in names
-    assert ("deploy/k8s/base/secrets.yaml", "edge") in names
-    assert any(rel == "compose/nats-auth.conf" for rel, _ in names)
+    assert ("compose/env/edge.env", "SY_NATS_NKEY_SEED_FILE") in names
+    assert ("deploy/k8s/base/secrets.yaml", "nats.nk") in names
+    assert ("deploy/k8s/base/secrets.yaml", "tls.key") in names
     assert len(names) >= 30, len(names)
+
+
+def test_services_authenticate_to_nats_with_nkeys_not_passwords() -> None:
+    for conf in ("compose/nats-auth.conf", "deploy/k8s/nats/nats-auth.conf",
+                 "compose/nats-cluster.conf", "compose/nats.conf"):  # fmt: skip
+        assert conf_secrets(ROOT / conf) == [], conf
+    assert "nkey: $SY_NATS_NKEY_EDGE" in (ROOT / "compose/nats-auth.conf").read_text()
 
 
 def test_every_committed_secret_is_a_placeholder_or_a_reference() -> None:
