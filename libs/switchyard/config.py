@@ -22,7 +22,7 @@ environment, where `docker inspect`, crash dumps and child processes see them.
 
 NATS: TLS (`SY_NATS_CA`, and `SY_NATS_CERT`/`SY_NATS_KEY` for mutual TLS) and the
 service's nkey identity (`SY_NATS_NKEY_SEED_FILE`) are files too; staging and
-production refuse to connect without them (deploy/security-nats.md).
+production refuse to connect without them (deploy/security.md).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     # name of a password login (local and test servers only).
     nats_user: str | None = None
     nats_password: SecretStr | None = None
-    # The service's nkey seed (deploy/security-nats.md); it signs the server's nonce.
+    # The service's nkey seed (deploy/security.md); it signs the server's nonce.
     nats_nkey_seed_file: Path | None = None
     # TLS: the CA that signed the server's certificate (TLS on when set), and this
     # client's own certificate and key where the server asks for one (mutual TLS).

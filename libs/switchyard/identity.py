@@ -5,7 +5,7 @@ The service holds its *seed* (the private key, `SU...`) in a file it alone can r
 server's nonce when it connects (nats-py does it, given the file). nats-server holds
 only the *public* key (`U...`), in compose/nats-auth.conf's `nkey: $SY_NATS_NKEY_<USER>`:
 nothing in the server's configuration is a secret, so a leaked config or environment
-opens no connection. deploy/security-nats.md explains why nkeys and not JWT accounts.
+opens no connection. deploy/security.md explains why nkeys and not JWT accounts.
 """
 
 from __future__ import annotations
