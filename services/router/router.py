@@ -305,7 +305,7 @@ class Router:
                 tokens[o.worker] = tokens.get(o.worker, 0.0) + o.tokens
         loads: dict[str, WorkerLoad] = {}
         for hb in self.fleet.live(pool):
-            if not placement.partitions_of(hb.worker):
+            if not placement.holds(hb.worker):
                 continue
             # What the worker holds: what this router sent it and has no answer for, or what
             # its heartbeat says it holds (others' requests too, redeliveries), less what it

@@ -52,6 +52,10 @@ class Placement:
     def owner(self, partition: int) -> str | None:
         return self.assignment.get(partition)
 
+    def holds(self, worker: str) -> bool:
+        """Whether `worker` owns any partition (cheaper than `partitions_of` per dispatch)."""
+        return worker in self.assignment.values()
+
     def partitions_of(self, worker: str) -> list[int]:
         return sorted(p for p, w in self.assignment.items() if w == worker)
 
