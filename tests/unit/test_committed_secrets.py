@@ -127,7 +127,7 @@ def config_secrets() -> list[tuple[str, str, str]]:
 def test_the_scan_reads_the_configs_it_means_to() -> None:
     """Not vacuous: the secrets the deployment needs are found and checked."""
     names = {(rel, name) for rel, name, _ in config_secrets()}
-    assert ("compose/env/executor.env", "SY_SQL_DB_SECRET") in names
+    assert ("compose/env/executor.env", "SY_SQL_DB_SECRET_FILE") in names
     assert ("compose/env/edge.env", "SY_NATS_NKEY_SEED_FILE") in names
     assert ("deploy/k8s/base/secrets.yaml", "nats.nk") in names
     assert ("deploy/k8s/base/secrets.yaml", "tls.key") in names

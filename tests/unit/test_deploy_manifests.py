@@ -21,7 +21,7 @@ import shlex
 import shutil
 import subprocess
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,9 +76,13 @@ SETTINGS: dict[str, tuple[type[BaseSettings], ...]] = {
 FOREIGN_ENV = {"HF_HOME", "HF_HUB_OFFLINE"}
 # What opens the game data: the admin DSN and the secret every tenant account's
 # password derives from. The auditor holds only its INSERT-only account's password.
-DB_CREDENTIALS = {"SY_SQL_DB_SECRET", "SY_MYSQL_DSN"}
+DB_CREDENTIALS = {
+    "SY_SQL_DB_SECRET", "SY_SQL_DB_SECRET_FILE", "SY_MYSQL_DSN", "SY_MYSQL_ADMIN_PASSWORD_FILE",
+}  # fmt: skip
+# Compose secrets (files) and k8s Secrets that hold them.
+DB_SECRETS = {"sql-db", "sql-db-secret", "mariadb-root-password"}
 DB_HOLDERS = {"executor"}
-AUDIT_CREDENTIALS = {"SY_SQL_AUDIT_PASSWORD"}
+AUDIT_CREDENTIALS = {"SY_SQL_AUDIT_PASSWORD", "SY_SQL_AUDIT_PASSWORD_FILE"}
 AUDIT_HOLDERS = {"auditor"}
 DB_ADDRESS = {"SY_MYSQL_HOST", "SY_MYSQL_PORT"}
 SIGNING_HOLDERS = {"validator", "executor"}
@@ -143,6 +147,10 @@ def reads(classes: tuple[type[BaseSettings], ...], var: str) -> bool:
             continue
         field = var[len(prefix) :].lower().split("__")[0]
         if field in cls.model_fields:
+            return True
+        # `SY_<SECRET>_FILE`: a secret read from a file (`switchyard.config.SecretFileSource`).
+        secret = cls.model_fields.get(field.removesuffix("_file"))
+        if field.endswith("_file") and secret is not None and "SecretStr" in str(secret.annotation):
             return True
     return False
 
@@ -275,12 +283,14 @@ def test_database_credentials_only_reach_the_executor(c: Container) -> None:
     held = DB_CREDENTIALS & set(c.env)
     if role(c) not in DB_HOLDERS | {OPERATOR_JOB} or c.name == "nats-provision":
         assert held == set(), f"{c.name} ({role(c)}) gets database settings {held}"
-        assert "sql-db" not in c.secret_refs
-    if AUDIT_CREDENTIALS & set(c.env):
+        assert not DB_SECRETS & c.secret_refs, c.secret_refs
+    if AUDIT_CREDENTIALS & set(c.env) or "sql-audit-password" in c.secret_refs:
         assert role(c) in AUDIT_HOLDERS | {OPERATOR_JOB}, c.name
     if DB_ADDRESS & set(c.env):
         assert role(c) in DB_HOLDERS | AUDIT_HOLDERS | {OPERATOR_JOB}, c.name
-    if "SY_SQL_SIGNING_KEY" in c.env:
+    if {"SY_SQL_SIGNING_KEY", "SY_SQL_SIGNING_KEY_FILE"} & set(c.env) or (
+        "sql-signing-key" in c.secret_refs
+    ):
         assert role(c) in SIGNING_HOLDERS | {OPERATOR_JOB}, c.name
 
 
@@ -358,36 +368,79 @@ def test_no_shipped_nats_identity_works() -> None:
 # --------------------------------------------------------------------------- compose
 
 
-def test_placeholder_secrets_are_refused_in_production(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each service's env files, as shipped, must not start: the secrets are placeholders."""
+def secret_files(c: Container) -> dict[str, str]:
+    """`SY_<SECRET>_FILE` variables of a container: a secret setting read from a file (not
+    its NATS identity's files, not a file of settings like the edge's key hashes)."""
+    classes = tuple(cls for argv in programs(c.argv) for cls in settings_for(argv))
+    return {
+        k: v for k, v in c.env.items()
+        if k.endswith("_FILE") and k not in NATS_FILES and any(
+            "SecretStr" in str(getattr(cls.model_fields.get(k[3:-5].lower()), "annotation", ""))
+            for cls in classes
+        )
+    }  # fmt: skip
+
+
+def load_env(
+    monkeypatch: pytest.MonkeyPatch, c: Container, tmp_path: Path, content: Callable[[str], str]
+) -> None:
+    """`c`'s environment as compose gives it, each secret file written under `tmp_path`
+    with `content(variable)` in place of the mounted secret."""
+    for key in list(os.environ):
+        if key.startswith("SY_"):
+            monkeypatch.delenv(key)
+    for k, v in c.env.items():
+        monkeypatch.setenv(k, v)
+    for k, v in secret_files(c).items():
+        path = tmp_path / c.name / Path(v).name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content(k) + "\n")
+        monkeypatch.setenv(k, str(path))
+
+
+def test_compose_secrets_are_mounted_files_and_placeholders_are_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No secret is a variable in an env file: each is a file compose mounts from
+    compose/secrets/ into the containers that need it; a placeholder written into such a
+    file is still refused at start-up, a real value loads."""
     checked = 0
     for c in compose_containers():
-        secrets = {
+        literal = {
             k for k in c.env
-            if ("PASSWORD" in k or "SECRET" in k or k.endswith("_KEY")) and k not in NATS_FILES
+            if ("PASSWORD" in k or "SECRET" in k or k.endswith("_KEY"))
+            and k not in NATS_FILES and not k.endswith("_FILE")
         }  # fmt: skip
-        if not secrets:
+        assert not literal, f"{c.name}: secrets as variables {sorted(literal)}"
+        files = secret_files(c)
+        if not files:
             continue
+        for k, v in files.items():
+            assert v.startswith("/run/secrets/"), (c.name, k, v)
+            assert Path(v).name in c.secret_refs, f"{c.name}: {v} is not mounted"
         main = settings_for(programs(c.argv)[0])[0]
-        for key in list(os.environ):
-            if key.startswith("SY_"):
-                monkeypatch.delenv(key)
-        for k, v in c.env.items():
-            monkeypatch.setenv(k, v)
+        load_env(monkeypatch, c, tmp_path, lambda _: "changeme")
         assert c.env["SY_ENV"] == "production"
         with pytest.raises(ValidationError, match=r"(?i)placeholder|real key"):
             main()
-        for k in secrets:  # real values: the same settings now load
-            monkeypatch.setenv(k, "x" * 40 if "KEY" in k else "s3cret-value-0123456789")
-        if "SY_MYSQL_DSN" in c.env:
-            monkeypatch.setenv("SY_MYSQL_DSN", "mysql://root:s3cret@mariadb:3306")
-        main()
+        load_env(monkeypatch, c, tmp_path, lambda k: "x" * 40 if "KEY" in k else "s3cret-0123")
+        settings = main()
+        if isinstance(settings, AdminSettings):  # the operator job: root's password, a file
+            assert settings.admin_dsn() == "mysql://root:s3cret-0123@mariadb:3306"
+            assert "s3cret" not in settings.shown_dsn()
         checked += 1
-    # executor, validator, auditor, nats-provision... : the NATS identity is files now.
-    assert checked >= 4
+    assert checked >= 4  # validator, executor, auditor, sql-provision
+    # The third-party images read theirs from files too.
+    assert read_env_file(COMPOSE_DIR / "env/mariadb.env")["MARIADB_ROOT_PASSWORD_FILE"]
+    assert read_env_file(COMPOSE_DIR / "env/grafana.env")["GF_SECURITY_ADMIN_PASSWORD__FILE"]
+    services = compose()["services"]
+    assert "mariadb-root-password" in services["mariadb"]["secrets"]
+    assert "grafana-admin-password" in services["grafana"]["secrets"]
 
 
-def test_production_nats_settings_are_files(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_production_nats_settings_are_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Each compose service, as shipped, connects with TLS and its nkey seed file (paths
     to its mounted secrets), and refuses to connect once the seed's path is gone."""
     checked = 0
@@ -395,15 +448,7 @@ def test_production_nats_settings_are_files(monkeypatch: pytest.MonkeyPatch) -> 
         if "SY_NATS_USER" not in c.env:
             continue
         main = settings_for(programs(c.argv)[0])[0]
-        for key in list(os.environ):
-            if key.startswith("SY_"):
-                monkeypatch.delenv(key)
-        for k, v in c.env.items():
-            monkeypatch.setenv(k, "s3cret-value-0123456789" if "PASSWORD" in k else v)
-        monkeypatch.setenv("SY_SQL_SIGNING_KEY", "x" * 40)
-        monkeypatch.setenv("SY_SQL_DB_SECRET", "s3cret-value-0123456789")
-        if "SY_MYSQL_DSN" in c.env:
-            monkeypatch.setenv("SY_MYSQL_DSN", "mysql://root:s3cret@mariadb:3306")
+        load_env(monkeypatch, c, tmp_path, lambda k: "x" * 40 if "KEY" in k else "s3cret-0123")
         settings = main()
         assert isinstance(settings, Settings)
         with pytest.raises(OSError):  # the TLS files exist only where compose mounts them

@@ -59,9 +59,9 @@ def _connect(dsn: str | None, db: str | None) -> tuple[Any, str]:
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from exc
     try:
-        return connect_admin(settings.mysql_dsn, settings.tls_context()), settings.sql_audit_db
+        return connect_admin(settings.admin_dsn(), settings.tls_context()), settings.sql_audit_db
     except Exception as exc:
-        err.print(f"[red]cannot connect to {settings.mysql_dsn}:[/red] {exc}")
+        err.print(f"[red]cannot connect to {settings.shown_dsn()}:[/red] {exc}")
         raise typer.Exit(2) from exc
 
 

@@ -43,11 +43,10 @@ def _admin_connection(settings: Any) -> Any:
     a one-line error and exit 1 when the server is unreachable."""
     from switchyard.sqldb.admin import connect_admin
 
-    dsn = settings.mysql_dsn
     try:
-        return connect_admin(dsn, settings.tls_context())
+        return connect_admin(settings.admin_dsn(), settings.tls_context())
     except Exception as exc:
-        err.print(f"[red]cannot connect to {dsn}:[/red] {exc}")
+        err.print(f"[red]cannot connect to {settings.shown_dsn()}:[/red] {exc}")
         raise typer.Exit(1) from exc
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import ssl
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, model_validator
 
@@ -126,10 +127,31 @@ class AdminSettings(DatabaseSettings, GuardSettings, DemoSettings):
     """What `sy sql demo-db` and `sy sql provision` read: the admin DSN on top."""
 
     mysql_dsn: str = "mysql://root@127.0.0.1:3306"
+    # The admin account's password when the DSN carries none: from a file in production
+    # (SY_MYSQL_ADMIN_PASSWORD_FILE, a Docker or Kubernetes secret), so it is in no env file.
+    mysql_admin_password: SecretStr | None = None
     sql_max_limit: int = Field(default=1000, ge=1, le=100_000)
     # Accounts made by `sy sql provision` (tenants, planner, auditor) get REQUIRE SSL: the
     # database itself refuses them in plaintext, whoever holds their passwords.
     sql_require_ssl: bool = False
+
+    def admin_dsn(self) -> str:
+        """The DSN to connect with: `mysql_dsn`, given `mysql_admin_password` unless it
+        names a password itself."""
+        url = urlsplit(self.mysql_dsn)
+        if self.mysql_admin_password is None or url.password:
+            return self.mysql_dsn
+        secret = quote(self.mysql_admin_password.get_secret_value(), safe="")
+        netloc = f"{url.username or 'root'}:{secret}@{url.netloc.rpartition('@')[2]}"
+        return urlunsplit(url._replace(netloc=netloc))
+
+    def shown_dsn(self) -> str:
+        """The DSN for a message: no password."""
+        url = urlsplit(self.mysql_dsn)
+        if url.password is None:
+            return self.mysql_dsn
+        netloc = f"{url.username}:***@{url.netloc.rpartition('@')[2]}"
+        return urlunsplit(url._replace(netloc=netloc))
 
 
 def naming(settings: DatabaseSettings) -> Naming:
