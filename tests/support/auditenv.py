@@ -92,8 +92,10 @@ class AuditEnv:
         s = self.settings
         assert s.sql_audit_password is not None
         values = {
-            # Production-like: the audit account's own password, no SY_SQL_DB_SECRET.
-            "SY_ENV": "production",
+            # Production-like: the audit account's own password, no SY_SQL_DB_SECRET, and
+            # placeholders refused (any SY_ENV but local); `test`, not `production`, since
+            # this NATS has no TLS or nkeys, which production requires.
+            "SY_ENV": "test",
             "SY_NATS_URL": s.nats_url,
             "SY_MYSQL_HOST": s.mysql_host,
             "SY_MYSQL_PORT": str(s.mysql_port),
