@@ -102,7 +102,10 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
         ) as fleet:
             if fleet.edge_url is None:
                 raise FleetError("the Switchyard fleet was started without its edge")
-            limits = httpx.Limits(max_connections=cfg.concurrency * 2)
+            # A connection idle while the other columns ran is dropped before the servers'
+            # own keep-alive timeout (uvicorn's is 5 s, httpx's default too): reusing one
+            # the server is closing at that moment fails the request (`ReadError`).
+            limits = httpx.Limits(max_connections=cfg.concurrency * 2, keepalive_expiry=2.0)
             clients = {
                 DIRECT: httpx.AsyncClient(base_url=backend, limits=limits, timeout=60),
                 **{c: httpx.AsyncClient(base_url=u, limits=limits, timeout=60)
