@@ -6,17 +6,34 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import nats
 import nats.errors
 import pytest
 
 from switchyard.bus.connection import connect
-from switchyard.cli.up import ADMIN_USER, LocalSecrets, auth_users, start_nats, write_admin_env
+from switchyard.bus.topology import TopologySettings
+from switchyard.cli.up import (
+    ADMIN_USER,
+    FLEET,
+    LocalSecrets,
+    auth_users,
+    plan,
+    roster,
+    secure,
+    start_nats,
+    write_admin_env,
+)
 from switchyard.config import Settings
+from switchyard.fleet import ProcessGroup, provision
+from switchyard.fleet.errors import NotReady
+from switchyard.fleet.readiness import wait_http
 from switchyard.natsserver import ClusterMembership, EmbeddedNats, tls_block
 from switchyard.ports import free_port
 
@@ -132,3 +149,41 @@ async def test_only_the_route_certificate_opens_a_route(
         assert bad.monitor("/routez").get("num_routes", 0) == 0
     names = {r["remote_name"] for r in first.monitor("/routez")["routes"]}
     assert "impostor" not in names
+
+
+@pytest.mark.parametrize("servers", [1], indirect=True)
+async def test_the_edge_serves_https_with_the_local_certificate(
+    servers: list[EmbeddedNats], secrets: LocalSecrets, tmp_path: Path
+) -> None:
+    """`sy up --secure`'s edge, as it starts it (`plan`, `secure`, `roster`): HTTPS with the
+    server certificate, ready when `/readyz` answers over TLS trusting the local CA; plain
+    HTTP gets no answer."""
+    url = servers[0].url
+    admin = await connect(Settings(nats_url=url, **secrets.client_settings(ADMIN_USER)), "admin")
+    try:
+        await provision(TopologySettings(nats_url=url), js=admin.js)
+    finally:
+        await admin.close()
+    port = free_port()
+    procs, _ = plan(FLEET, workers=1, engine="sim", edge_port=port)
+    (edge,) = [p for p in secure(procs, secrets) if p.kind == "edge"]
+    ready = roster([edge], secrets.ca.cert)
+    assert ready.edge_url == f"https://127.0.0.1:{port}"
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("keys: {}\n")
+    env = {**edge.env, "SY_NATS_URL": url, "SY_API_KEYS_FILE": str(keys)}
+    with ProcessGroup(tmp_path / "logs", grace=10) as group:
+        child = group.start("edge", (sys.executable, "-m", edge.module), env)
+        await asyncio.to_thread(
+            wait_http, f"{ready.edge_url}/healthz", timeout=60, check=child.check,
+            cafile=ready.edge_ca,
+        )  # fmt: skip
+        # Up over HTTPS, and on NATS over TLS as itself (no worker runs: not ready yet).
+        tls = ssl.create_default_context(cafile=str(ready.edge_ca))
+        async with httpx.AsyncClient(verify=tls) as http:
+            checks = (await http.get(f"{ready.edge_url}/readyz")).json()
+        assert checks["nats"] is True and checks["streams"] is True, checks
+        with pytest.raises(NotReady):  # plain HTTP on the HTTPS port
+            await asyncio.to_thread(wait_http, f"http://127.0.0.1:{port}/healthz", timeout=2)
+        with pytest.raises(NotReady):  # HTTPS without trusting the local CA
+            await asyncio.to_thread(wait_http, f"{ready.edge_url}/healthz", timeout=2)

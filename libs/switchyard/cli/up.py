@@ -125,13 +125,14 @@ def plan(
     return procs, skipped
 
 
-def roster(procs: list[Service]) -> Roster:
-    """What `launch` starts and waits for: every pool's workers, the edge's `/readyz`."""
+def roster(procs: list[Service], edge_ca: Path | None = None) -> Roster:
+    """What `launch` starts and waits for: every pool's workers, the edge's `/readyz`
+    (over HTTPS trusting `edge_ca`, when the edge has a certificate)."""
     partitions = Settings().partitions  # the children read the same SY_PARTITIONS
     routed = any(p.kind == "router" for p in procs)
     workers = Counter(p.env["SY_POOL"] for p in procs if p.kind == "worker" and "SY_POOL" in p.env)
     pools = tuple(PoolReady(pool, n, partitions, routed) for pool, n in workers.items())
-    return Roster(tuple(procs), pools, partitions, edge_url(procs))
+    return Roster(tuple(procs), pools, partitions, edge_url(procs), edge_ca)
 
 
 @dataclass(frozen=True)
@@ -204,20 +205,28 @@ def auth_users() -> set[str]:
 
 
 def secure(procs: list[Service], secrets: LocalSecrets) -> list[Service]:
-    """Each process connects over TLS as its own NATS user."""
-    return [dataclasses.replace(p, env={**p.env, **secrets.client_env(p.nats_user)}) for p in procs]
+    """Each process connects over TLS as its own NATS user; the edge serves HTTPS with the
+    server certificate (it names localhost and 127.0.0.1)."""
+    https = env_of(https_cert=secrets.server.cert, https_key=secrets.server.key)
+    out = []
+    for p in procs:
+        env = {**p.env, **secrets.client_env(p.nats_user)}
+        out.append(dataclasses.replace(p, env={**env, **https} if p.kind == "edge" else env))
+    return out
 
 
 def edge_url(procs: list[Service]) -> str | None:
     for p in procs:
         if p.kind == "edge":
-            return f"http://127.0.0.1:{p.env.get('SY_PORT', '8080')}"
+            scheme = "https" if "SY_HTTPS_CERT" in p.env else "http"
+            return f"{scheme}://127.0.0.1:{p.env.get('SY_PORT', '8080')}"
     return None
 
 
-def first_request(url: str) -> str:
+def first_request(url: str, ca: Path | None = None) -> str:
+    trust = f"--cacert {ca} " if ca is not None else ""
     return (
-        f"curl -s {url}/v1/chat/completions -H 'Authorization: Bearer sk-local-dev' "
+        f"curl -s {trust}{url}/v1/chat/completions -H 'Authorization: Bearer sk-local-dev' "
         "-H 'Content-Type: application/json' "
         """-d '{"model":"default","messages":[{"role":"user","content":"Say hi"}],"""
         """"max_tokens":12}'"""
@@ -314,7 +323,7 @@ async def announce(fleet: Fleet, view: LogView) -> None:
     status("fleet", "green", "●", f"ready: {served}" + (f" (not shown: {held})" if held else ""))
     if fleet.edge_url is not None:
         status("edge", "green", "●", f"ready: {fleet.edge_url}/v1 (OpenAI-compatible); try")
-        console.print(f"  {first_request(fleet.edge_url)}", markup=False)
+        console.print(f"  {first_request(fleet.edge_url, fleet.roster.edge_ca)}", markup=False)
 
 
 async def supervise(
@@ -328,11 +337,13 @@ async def supervise(
         loop.add_signal_handler(sig, stop.set)
     view = LogView(console, [p.name for p in procs], pretty=pretty(log_format, console.is_terminal))
     admin = secrets.client_settings(ADMIN_USER) if secrets is not None else None
+    edge_ca = secrets.ca.cert if secrets is not None else None
     topology = describe(build_topology(TopologySettings(nats_url=url)))
     code = 0
     exited: set[str] = set()  # reported when they exited, not again when the rest stops
     async with launch(
-        roster(procs), nats_url=url, nats_identity=admin, on_output=view.line, ready_timeout=None,
+        roster(procs, edge_ca), nats_url=url, nats_identity=admin, on_output=view.line,
+        ready_timeout=None,
         grace=GRACE,
     ) as fleet:  # fmt: skip
         status("provision", "green", "●", f"{topology}: {changes(fleet.provisioned)}")

@@ -93,7 +93,9 @@ class Fleet:
         if self.edge_url is not None:
             left = max(1.0, deadline - time.monotonic())
             url = f"{self.edge_url}/readyz"
-            await asyncio.to_thread(wait_http, url, timeout=left, check=self.check)
+            await asyncio.to_thread(
+                wait_http, url, timeout=left, check=self.check, cafile=self.roster.edge_ca
+            )
         return states
 
     async def stop(self) -> list[Stopped]:

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import nats.errors
 from nats.aio.client import Client
@@ -223,14 +225,19 @@ async def wait_for_responder(
         await asyncio.sleep(POLL)
 
 
-def wait_http(url: str, *, timeout: float, check: Check = _nothing) -> None:
-    """Until `url` answers 200. Blocking: from a loop, run it with `asyncio.to_thread`."""
+def wait_http(
+    url: str, *, timeout: float, check: Check = _nothing, cafile: Path | None = None
+) -> None:
+    """Until `url` answers 200 (over HTTPS trusting `cafile`, if given). Blocking: from a
+    loop, run it with `asyncio.to_thread`."""
     deadline = time.monotonic() + timeout
     last = "no answer"
+    tls = ssl.create_default_context(cafile=str(cafile)) if cafile is not None else None
     while True:
         check()
         try:
-            with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - a local URL of ours
+            # A local URL of ours (S310: urlopen would also take file: URLs).
+            with urllib.request.urlopen(url, timeout=2, context=tls) as resp:  # noqa: S310
                 if resp.status == 200:
                     return
                 last = f"HTTP {resp.status}"

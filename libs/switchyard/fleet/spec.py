@@ -85,6 +85,7 @@ class Roster:
     pools: tuple[PoolReady, ...] = ()
     partitions: int = 64  # per pool, fleet-wide (`SY_PARTITIONS`)
     edge_url: str | None = None  # waited on at `<edge_url>/readyz`
+    edge_ca: Path | None = None  # the CA an HTTPS edge's certificate chains to
 
 
 @dataclass(frozen=True)
