@@ -16,6 +16,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,7 +100,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
              "--edge-port", str(edge_port), "--data-dir", str(tmp / "sy")],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
-    fleet = Fleet(proc, log, tmp / "sy", f"http://127.0.0.1:{edge_port}")
+    # `--secure`: the edge serves HTTPS with the certificate of the CA `sy up` made.
+    fleet = Fleet(proc, log, tmp / "sy", f"https://127.0.0.1:{edge_port}")
     try:
         fleet.wait_ready()
         yield fleet
@@ -123,15 +125,16 @@ def client_env(fleet: Fleet) -> dict[str, str]:
 def test_up_prints_where_the_edge_listens_and_a_first_request(fleet: Fleet) -> None:
     out = fleet.output()
     assert f"ready: {fleet.edge}/v1" in out
-    first = re.search(r"curl -s (\S+)/v1/chat/completions", out)
-    assert first is not None and first.group(1) == fleet.edge
+    ca = (fleet.data / "nats" / "tls" / "ca.crt").resolve()
+    first = re.search(r"curl -s --cacert (\S+) (\S+)/v1/chat/completions", out)
+    assert first is not None and (first.group(1), first.group(2)) == (str(ca), fleet.edge)
     assert "per-service users" in out
     reply = httpx.post(
         f"{fleet.edge}/v1/chat/completions",
         headers={"Authorization": "Bearer sk-local-dev"},
         json={"model": "default", "messages": [{"role": "user", "content": "Say hi"}],
               "max_tokens": 8},
-        timeout=150,
+        timeout=150, verify=ssl.create_default_context(cafile=str(ca)),
     )  # fmt: skip
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["message"]["content"] is not None
