@@ -43,7 +43,7 @@ PLACEHOLDER_SECRETS = frozenset({"", "changeme", "change-me", "secret", "dev", "
 SECURED_ENVS = frozenset({"staging", "production"})
 
 
-def _is_secret(annotation: Any) -> bool:
+def is_secret(annotation: Any) -> bool:
     """`SecretStr`, alone or in a union (`SecretStr | None`)."""
     if annotation is SecretStr:
         return True
@@ -63,7 +63,7 @@ class SecretFileSource(PydanticBaseSettingsSource):
         prefix = self.settings_cls.model_config.get("env_prefix") or ""
         found: dict[str, Any] = {}
         for name, field in self.settings_cls.model_fields.items():
-            if not _is_secret(field.annotation):
+            if not is_secret(field.annotation):
                 continue
             var = f"{prefix}{name}".upper()
             path = os.environ.get(f"{var}_FILE")

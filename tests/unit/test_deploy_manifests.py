@@ -44,7 +44,7 @@ from services.worker.settings import WorkerSettings
 from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.cli.app import app
 from switchyard.cli.up import runnable
-from switchyard.config import Settings
+from switchyard.config import Settings, is_secret
 from switchyard.engines.llamacpp import LlamaCppSettings
 from switchyard.engines.sim import SimSettings
 from switchyard.engines.vllm import VllmSettings
@@ -148,10 +148,18 @@ def reads(classes: tuple[type[BaseSettings], ...], var: str) -> bool:
         field = var[len(prefix) :].lower().split("__")[0]
         if field in cls.model_fields:
             return True
-        # `SY_<SECRET>_FILE`: a secret read from a file (`switchyard.config.SecretFileSource`).
-        secret = cls.model_fields.get(field.removesuffix("_file"))
-        if field.endswith("_file") and secret is not None and "SecretStr" in str(secret.annotation):
-            return True
+    return secret_file(classes, var)
+
+
+def secret_file(classes: tuple[type[BaseSettings], ...], var: str) -> bool:
+    """Whether `var` is `SY_<SECRET>_FILE`: a secret field of one of the classes, read from
+    a file (`switchyard.config.SecretFileSource`)."""
+    for cls in classes:
+        prefix = str(cls.model_config.get("env_prefix") or "").upper()
+        if var.upper().startswith(prefix) and var.upper().endswith("_FILE"):
+            field = cls.model_fields.get(var[len(prefix) : -len("_FILE")].lower())
+            if field is not None and is_secret(field.annotation):
+                return True
     return False
 
 
@@ -372,13 +380,7 @@ def secret_files(c: Container) -> dict[str, str]:
     """`SY_<SECRET>_FILE` variables of a container: a secret setting read from a file (not
     its NATS identity's files, not a file of settings like the edge's key hashes)."""
     classes = tuple(cls for argv in programs(c.argv) for cls in settings_for(argv))
-    return {
-        k: v for k, v in c.env.items()
-        if k.endswith("_FILE") and k not in NATS_FILES and any(
-            "SecretStr" in str(getattr(cls.model_fields.get(k[3:-5].lower()), "annotation", ""))
-            for cls in classes
-        )
-    }  # fmt: skip
+    return {k: v for k, v in c.env.items() if secret_file(classes, k)}
 
 
 def load_env(

@@ -138,20 +138,23 @@ class AdminSettings(DatabaseSettings, GuardSettings, DemoSettings):
     def admin_dsn(self) -> str:
         """The DSN to connect with: `mysql_dsn`, given `mysql_admin_password` unless it
         names a password itself."""
-        url = urlsplit(self.mysql_dsn)
-        if self.mysql_admin_password is None or url.password:
+        if self.mysql_admin_password is None or urlsplit(self.mysql_dsn).password:
             return self.mysql_dsn
-        secret = quote(self.mysql_admin_password.get_secret_value(), safe="")
-        netloc = f"{url.username or 'root'}:{secret}@{url.netloc.rpartition('@')[2]}"
-        return urlunsplit(url._replace(netloc=netloc))
+        return _with_password(self.mysql_dsn, self.mysql_admin_password.get_secret_value())
 
     def shown_dsn(self) -> str:
         """The DSN for a message: no password."""
-        url = urlsplit(self.mysql_dsn)
-        if url.password is None:
+        if urlsplit(self.mysql_dsn).password is None:
             return self.mysql_dsn
-        netloc = f"{url.username}:***@{url.netloc.rpartition('@')[2]}"
-        return urlunsplit(url._replace(netloc=netloc))
+        return _with_password(self.mysql_dsn, "***")
+
+
+def _with_password(dsn: str, password: str) -> str:
+    """`dsn` with `password` (URL-quoted) for its user (root if it names none)."""
+    url = urlsplit(dsn)
+    host = url.netloc.rpartition("@")[2]
+    netloc = f"{url.username or 'root'}:{quote(password, safe='*')}@{host}"
+    return urlunsplit(url._replace(netloc=netloc))
 
 
 def naming(settings: DatabaseSettings) -> Naming:
