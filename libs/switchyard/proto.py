@@ -91,10 +91,14 @@ CHANNELS: tuple[Channel, ...] = (
     Channel("sqlIn", "sql.in.{tenant}", (SqlAsk,), "Questions for Text2SQL.",
             "stream INGRESS", ("edge", "client"), ("sqlflow",)),
     Channel("llmIn", "llm.in.{tenant}", (ChatRequest,), "OpenAI-style chat requests.",
-            "stream INGRESS", ("edge", "client"), ("preprocessor",)),
+            "stream INGRESS", ("client",), ("preprocessor",)),
+    Channel("llmEdge", "llm.edge.{tenant}", (ChatRequest,),
+            "The record of a chat the edge prepared and sent to req.llm itself, kept for "
+            "replay and trace; nothing consumes it (sy replay sends it on llm.in).",
+            "stream INGRESS", ("edge",), ()),
     Channel("req", "req.{workload}.{tenant}", (GenerateRequest,),
             "Prepared inference requests the router schedules.",
-            "stream REQ", ("preprocessor", "sqlflow"), ("router",)),
+            "stream REQ", ("edge", "preprocessor", "sqlflow"), ("router",)),
     Channel("work", "work.{pool}.p{partition}", (GenerateRequest,),
             "Dispatched work for the worker owning the partition.",
             "stream WORK", ("router",), ("worker",)),
@@ -171,6 +175,8 @@ def asyncapi() -> dict[str, Any]:
             **({"parameters": params} if params else {}),
         }
         for role, services in (("send", ch.sent_by), ("receive", ch.received_by)):
+            if not services:
+                continue  # a record no service reads (`llmEdge`)
             operations[f"{role}{ch.name[0].upper()}{ch.name[1:]}"] = {
                 "action": role,
                 "channel": {"$ref": f"#/channels/{ch.name}"},

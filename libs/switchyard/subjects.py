@@ -27,6 +27,19 @@ def llm_in(tenant: str) -> str:
     return f"llm.in.{_token(tenant, 'tenant')}"
 
 
+def llm_edge(tenant: str) -> str:
+    """INGRESS's record of a chat the edge prepared and sent to `req.llm.<tenant>` itself:
+    kept for replay and trace, consumed by nobody (`ingress_runnable`)."""
+    return f"llm.edge.{_token(tenant, 'tenant')}"
+
+
+def ingress_runnable(subject: str) -> str:
+    """The subject that runs a request stored on INGRESS at `subject`: itself, except the
+    edge's chat record (`llm.edge.<t>`), whose chat runs from `llm.in.<t>`."""
+    family, _, rest = subject.partition(".edge.")
+    return f"{family}.in.{rest}" if family == "llm" and rest else subject
+
+
 def req(workload: Workload, tenant: str) -> str:
     return f"req.{workload}.{_token(tenant, 'tenant')}"
 

@@ -11,9 +11,9 @@ Keys are scoped by tenant: another tenant's identical key is a different entry.
 An edge that dies between claiming a key and publishing its request leaves a claim no
 request will ever finish. A retry of a claim that is still running `ORPHAN_AFTER` after
 its request was made publishes its own (identical) request under the claim's request id
-(`orphaned`): INGRESS dedupes ids, so if the original did reach the fleet nothing new is
-stored and the retry waits for that one's result; if it never did, the retry's copy runs
-as the original.
+(`orphaned`): the stream it goes to (REQ for chat, INGRESS for agent steps) dedupes ids,
+so if the original did reach the fleet nothing new is stored and the retry waits for
+that one's result; if it never did, the retry's copy runs as the original.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from switchyard.messages.inference import GenerateResult, Workload
 
 CLAIM_ATTEMPTS = 3  # a key released between our create and our read is claimed afresh
 # A live edge has published its request (or released the key) this long after making it:
-# its INGRESS publish gives up after INGRESS_PATIENCE.
+# its publish gives up after INGRESS_PATIENCE.
 ORPHAN_AFTER = INGRESS_PATIENCE + 5.0
-# Only while INGRESS still dedupes the original's id can a copy be published safely.
+# Only while the stream still dedupes the original's id can a copy be published safely.
 ORPHAN_BEFORE = StreamSpec.duplicate_window - 20.0
 
 

@@ -7,7 +7,12 @@ such timeouts, so no pump task stands between the inbox and the route.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Mapping, Sequence
+
+from fastapi import Response
+from pydantic import BaseModel
 
 from switchyard import subjects
 from switchyard.bus.connection import Bus
@@ -17,7 +22,7 @@ from switchyard.codec import encode
 from switchyard.envelope import Envelope
 from switchyard.messages.inference import Cancel, GenerateResult, TokenFrame
 
-# How long a request waits for INGRESS to take it while a cluster elects its leader.
+# How long a request waits for its streams to take it while a cluster elects a leader.
 INGRESS_PATIENCE = 15.0
 
 
@@ -29,20 +34,25 @@ class Reply:
         self.tenant = ""
         self.finished = False  # an end or error frame was seen, or the stream broke
 
-    async def start(self, subject: str, message: Envelope) -> bool:
-        """Open the inbox, then publish `message` with `reply` set to it. False: the
-        stream already held a message with its id (and kept that one)."""
+    async def start(self, sends: Sequence[tuple[str, Envelope]]) -> bool:
+        """Open the inbox, then publish each `(subject, message)` with `reply` set to it,
+        all at once (one request: the first runs it, the others record it), and wait for
+        every stream's ack. False: the first one's stream already held a message with its
+        id (and kept that one)."""
         await self.reader.__aenter__()
-        self.request_id, self.tenant = message.id, message.tenant
-        sent = message.model_copy(update={"reply": self.reader.inbox})
+        self.request_id, self.tenant = sends[0][1].id, sends[0][1].tenant
+        inbox = self.reader.inbox
         try:
-            # Patient: while INGRESS elects a new leader the client waits seconds for its
+            # Patient: while a stream elects a new leader the client waits seconds for its
             # answer instead of getting a 503 and retrying into the same election.
-            ack = await publish(self.bus.js, subject, sent, patience=INGRESS_PATIENCE)
+            acks = await asyncio.gather(
+                *(publish(self.bus.js, subject, message.model_copy(update={"reply": inbox}),
+                          patience=INGRESS_PATIENCE) for subject, message in sends)
+            )  # fmt: skip
         except BaseException:
             await self.reader.__aexit__(None, None, None)
             raise
-        return not ack.duplicate
+        return not acks[0].duplicate
 
     async def next(self, timeout: float | None) -> TokenFrame | None:
         """The next frame, or None if none arrived within `timeout` (the HTTP side then
@@ -76,3 +86,9 @@ def server_timing(result: GenerateResult) -> dict[str, str]:
         return {}
     hops = result.route.hops(time.time())
     return {"Server-Timing": ", ".join(f"{h};dur={s * 1000:.2f}" for h, s in hops.items())}
+
+
+def json_answer(answer: BaseModel, headers: Mapping[str, str] | None = None) -> Response:
+    """`answer` as an `application/json` response, serialised by pydantic-core straight to
+    bytes (what `JSONResponse(answer.model_dump())` makes, without the dict in between)."""
+    return Response(answer.model_dump_json(), media_type="application/json", headers=headers)

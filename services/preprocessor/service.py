@@ -1,7 +1,8 @@
 """The preprocessor process: turns ingress messages into schedulable requests.
 
-`llm.in.>` (chat) is converted here; `agent.in.>` (frames) is decoded, resized
-and laid out by the agent path. Both consume `INGRESS` through durable
+`llm.in.>` (chat that clients publish on NATS; the edge prepares its own) is converted
+here (`switchyard.chatprep`); `agent.in.>` (frames) is decoded, resized and laid out by
+the agent path. Both consume `INGRESS` through durable
 consumers, so a crash mid-message redelivers it; a message that cannot be
 prepared is answered with the reason and dead-lettered, never dropped.
 """
@@ -13,12 +14,13 @@ import contextlib
 
 from nats.aio.msg import Msg
 
-from services.preprocessor.chat import subject_for, to_generate
 from services.preprocessor.settings import PreprocessorSettings
+from switchyard import subjects
 from switchyard.answers import answer, result_for
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import PullLoop, RetryPolicy
 from switchyard.bus.publish import FAILOVER_PATIENCE, publish
+from switchyard.chatprep import prepare_chat
 from switchyard.codec import decode
 from switchyard.errors import DecodeError, ErrorCode
 from switchyard.logging import bind_request, get_logger
@@ -33,12 +35,13 @@ async def run_chat(bus: Bus, stop: asyncio.Event, settings: PreprocessorSettings
     async def on_chat(msg: Msg) -> None:
         chat = decode(msg.data, ChatRequest, max_bytes=settings.max_message_bytes)
         with bind_request(chat.id, chat.tenant, chat.trace):
-            req = to_generate(chat, settings.chat_pool)
-            await publish(bus.js, subject_for(req), req, msg_id=req.id, patience=FAILOVER_PATIENCE)
+            req = prepare_chat(chat, settings.chat_pool)
+            subject = subjects.req("llm", req.tenant)
+            await publish(bus.js, subject, req, msg_id=req.id, patience=FAILOVER_PATIENCE)
 
     async def on_give_up(msg: Msg, code: ErrorCode, reason: str) -> None:
         with contextlib.suppress(DecodeError):
-            req = to_generate(decode(msg.data, ChatRequest), settings.chat_pool)
+            req = prepare_chat(decode(msg.data, ChatRequest), settings.chat_pool)
             error = ErrorInfo(code=code, reason=reason)
             await answer(bus.nc, bus.js, result_for(req, "error", error), req.reply)
 

@@ -1,11 +1,12 @@
 """`sy bench edge`: what the HTTP edge adds over publishing the same chat request straight
 onto NATS.
 
-Both paths end in the same fleet (preprocessor -> router -> worker with the `sim` engine at
+Both paths end in the same fleet (router -> worker with the `sim` engine at
 zero delay, all on one event loop in this process, on an embedded or given NATS):
 
-- direct: a `ChatRequest` published on `llm.in.<tenant>` with a reply inbox, read to its end
-  frame - what the edge itself does for a request;
+- direct: a `ChatRequest` published as the edge publishes it (`chatprep.prepared_sends`:
+  prepared onto `req.llm.<tenant>`, recorded on `llm.edge.<tenant>`) with a reply inbox,
+  read to its end frame - what the edge itself does for a request;
 - edge: `POST /v1/chat/completions` (non-streaming) over HTTP to the edge under uvicorn.
 
 The requests of both paths are interleaved (alternating in one job queue drained by a fixed
@@ -23,11 +24,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from switchyard import eventloop, subjects
+from switchyard import eventloop
 from switchyard.bench.stats import percentile
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
+from switchyard.chatprep import prepared_sends
 from switchyard.config import Settings
 from switchyard.fleet import UNMETERED, Edge, FleetError, FleetSpec, Pool, env_of, launch
 from switchyard.fleet.launch import Launch
@@ -79,9 +81,8 @@ async def _direct(bus: Bus, i: int, max_tokens: int) -> None:
         deadline=time.time() + 120,
     )
     async with TokenStreamReader(bus.nc, idle_timeout=60) as reader:
-        await publish(
-            bus.js, subjects.llm_in(TENANT), req.model_copy(update={"reply": reader.inbox})
-        )
+        sent = req.model_copy(update={"reply": reader.inbox})
+        await asyncio.gather(*(publish(bus.js, s, m) for s, m in prepared_sends(sent, POOL)))
         async for frame in reader:
             if frame.type == "error" or (frame.type == "end" and frame.result is None):
                 raise RuntimeError(f"direct request failed: {frame.error}")
@@ -98,11 +99,12 @@ async def _edge(http: Any, i: int, max_tokens: int) -> None:
 
 
 def _fleet(nats_url: str | None) -> Launch:
-    """Router, sim worker (zero delay), preprocessor and edge on this loop, on `nats_url`
+    """Router, sim worker (zero delay) and edge on this loop, on `nats_url`
     or an embedded NATS; ready once every partition is bound and the edge answers."""
     spec = FleetSpec(
         pools=(Pool(POOL, env=env_of(sim_delay_scale=0)),), engine="sim", partitions=PARTITIONS,
-        tenant_policy=UNMETERED, edge=Edge(keys={KEY: TENANT}), env=env_of(chat_pool=POOL),
+        services=("router",), tenant_policy=UNMETERED, edge=Edge(keys={KEY: TENANT}),
+        env=env_of(chat_pool=POOL),
         heartbeat_interval=0.3, rebalance_interval=0.2,
     )  # fmt: skip
     return launch(spec, mode="inproc", nats_url=nats_url)

@@ -137,7 +137,7 @@ def build_topology(s: TopologySettings) -> Topology:
     streams = (
         StreamSpec(
             "INGRESS",
-            ("agent.in.>", "sql.in.>", "llm.in.>"),
+            ("agent.in.>", "sql.in.>", "llm.in.>", "llm.edge.>"),
             "limits",
             s.ingress_max_age,
             s.storage,

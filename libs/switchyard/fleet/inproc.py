@@ -111,14 +111,13 @@ class InprocGroup:
         import uvicorn
 
         from services.edge.app import create_app
+        from services.edge.server import server_config
         from services.edge.settings import EdgeSettings
 
         if not isinstance(settings, EdgeSettings):
             raise FleetError(f"{name}: the edge needs EdgeSettings, got {type(settings).__name__}")
-        config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=settings.port, log_level="warning",
-            lifespan="on", access_log=False, **settings.uvicorn_tls(),
-        )  # fmt: skip
+        config = server_config(settings, create_app(settings), host="127.0.0.1",
+                               log_level="warning")  # fmt: skip
         server = uvicorn.Server(config)
         task = asyncio.create_task(server.serve(), name=name)
 

@@ -192,7 +192,7 @@ async def send(
             else:
                 await slots.acquire()
             replay = renewed(item.message, time.time())
-            subject = item.stored.subject
+            subject = subjects.ingress_runnable(item.stored.subject)
             await js.publish(
                 subject, encode(replay),
                 headers={"Nats-Msg-Id": replay.id, "traceparent": replay.trace or "",

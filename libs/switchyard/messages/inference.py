@@ -126,7 +126,8 @@ Constraint = Annotated[
 
 
 class ChatRequest(Envelope):
-    """An OpenAI-style chat request as the edge publishes it on `llm.in.<tenant>`."""
+    """An OpenAI-style chat request as a client publishes it on `llm.in.<tenant>` (and the
+    edge records it on `llm.edge.<tenant>`, having prepared it for REQ itself)."""
 
     kind: Literal["llm.chat"] = "llm.chat"
     model: ShortText = "default"

@@ -7,7 +7,6 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response
-from fastapi.responses import JSONResponse
 
 from services.edge import metrics
 from services.edge.agent import (
@@ -23,6 +22,7 @@ from services.edge.agent import (
 )
 from services.edge.errors import API_ERRORS, ApiError, Forbidden
 from services.edge.lifecycle import Replay, request_lifecycle
+from services.edge.replies import json_answer
 from services.edge.state import State, Who, request_id, traceparent
 from switchyard.messages.agent import AgentStep, RawFrame
 
@@ -85,7 +85,7 @@ async def agent_step(
         out = response_of(result, f, time.perf_counter() - started, time.time())
         await flight.finish(result)
     metrics.completion_tokens(who.tenant, result.usage.completion_tokens)
-    return JSONResponse(out.model_dump(mode="json"))
+    return json_answer(out)
 
 
 async def replay(retry: Replay, step_in: StepInput, started: float) -> Response:
@@ -94,7 +94,7 @@ async def replay(retry: Replay, step_in: StepInput, started: float) -> Response:
     if result.status != "ok":
         raise replay_failure(result)
     out = response_of(result, step_in.fields, time.perf_counter() - started, time.time())
-    return JSONResponse(out.model_dump(mode="json"), headers=retry.headers)
+    return json_answer(out, retry.headers)
 
 
 def step_fingerprint(step_in: StepInput) -> str:

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from services.edge import metrics, sse
 from services.edge.errors import API_ERRORS, ApiError, Forbidden
@@ -31,7 +31,7 @@ from services.edge.lifecycle import (
     request_lifecycle,
     transport_failure,
 )
-from services.edge.replies import server_timing
+from services.edge.replies import json_answer, server_timing
 from services.edge.state import State, Who, request_id, traceparent
 from switchyard.errors import SwitchyardError
 from switchyard.messages.inference import ChatRequest, GenerateResult, TokenFrame
@@ -114,8 +114,8 @@ async def chat_completions(
             result = await flight.result()
             await flight.finish(result)
             metrics.completion_tokens(who.tenant, result.usage.completion_tokens)
-            answer = completion(flight.request_id, body.model, result).model_dump()
-            return JSONResponse(answer, headers=server_timing(result))
+            answer = completion(flight.request_id, body.model, result)
+            return json_answer(answer, server_timing(result))
         first = await flight.next(settings.first_frame_grace)
         if first is not None and first.type != "delta":
             raise failure(first)
@@ -215,7 +215,7 @@ async def replay(retry: Replay, body: ChatCompletionRequest) -> Response:
         raise ApiError.from_result(result)
     rid = retry.original.request_id
     if not body.stream:
-        return JSONResponse(completion(rid, body.model, result).model_dump(), headers=retry.headers)
+        return json_answer(completion(rid, body.model, result), retry.headers)
     return Response(
         replayed_stream(rid, body, result),
         media_type="text/event-stream",

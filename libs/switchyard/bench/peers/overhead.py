@@ -6,7 +6,7 @@ Columns, all fed the same short chat requests (non-streaming, a few output token
   a. `direct`: one `sy sim-server`;
   b. `vllm-router`: vLLM's router (its default policy, cache_aware) over that sim server;
   c. `smg`: SGLang's gateway (`smg launch`, its default cache_aware policy) over it;
-  d. `switchyard edge`: HTTP edge -> NATS -> preprocessor -> router -> one sim worker;
+  d. `switchyard edge`: HTTP edge -> REQ (its record on INGRESS) -> router -> one sim worker;
   e. `switchyard nats`: a `GenerateRequest` published straight onto `req.llm.<tenant>`
      (the router's input) and its token stream read back - Switchyard without HTTP.
 

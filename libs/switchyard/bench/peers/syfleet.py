@@ -1,5 +1,5 @@
 """A Switchyard fleet as processes for the peers benchmark: NATS, router, sim workers,
-and optionally the preprocessor and the HTTP edge.
+and optionally the HTTP edge (whose chat needs no preprocessor).
 
 The same services `sy up` runs (`python -m services.<name>`), each its own process like the
 peers' routers and backends, on a private pool and an embedded `nats-server`, with an
@@ -58,7 +58,7 @@ async def switchyard_fleet(
             nats_url, identity = stack.enter_context(_tls_nats(log_dir / "nats-tls"))
         spec = FleetSpec(
             pools=(pool,), engine="sim", partitions=PARTITIONS,
-            services=("router", "preprocessor") if edge else ("router",),
+            services=("router",),  # the edge prepares its chat itself
             tenant_policy=UNMETERED, env=env_of(log_level="warning", chat_pool=POOL, **identity),
             service_env={"router": env_of(routing_policy=routing_policy)},
             edge=Edge(keys={KEY: TENANT}, env=env_of(max_tokens_cap=4096)) if edge else None,
