@@ -458,7 +458,7 @@ def edge_cmd(
         print(json.dumps(result.as_dict()))
         return
     table = Table("path", "p50 ms", "p99 ms", "mean ms")
-    table.add_row("NATS direct (llm.in)", f"{result.direct_p50_ms:.2f}",
+    table.add_row("NATS direct (req.llm + llm.edge)", f"{result.direct_p50_ms:.2f}",
                   f"{result.direct_p99_ms:.2f}", f"{result.direct_mean_ms:.2f}")  # fmt: skip
     table.add_row("HTTP edge", f"{result.edge_p50_ms:.2f}", f"{result.edge_p99_ms:.2f}",
                   f"{result.edge_mean_ms:.2f}")  # fmt: skip
