@@ -33,6 +33,7 @@ from services.edge.idempotency import orphaned
 from services.edge.replies import Reply
 from services.edge.state import EdgeState
 from switchyard import subjects
+from switchyard.bus.publish import UNAVAILABLE
 from switchyard.chatprep import prepared_sends
 from switchyard.envelope import Envelope
 from switchyard.errors import SwitchyardError
@@ -175,10 +176,19 @@ async def request_lifecycle(
     reply = Reply(state.bus, idle_timeout=state.settings.idle_timeout)
     try:
         stored = await reply.start(sends(message, state.settings.chat_pool))
-    except BaseException:
-        if key and not adopting:  # (an adopted claim may still be its original's)
+    except BaseException as exc:
+        if not adopting:  # (an adopted claim's id may still be its running original's)
             with anyio.CancelScope(shield=True):
-                await state.idempotency.release(message.tenant, key)
+                # The client gets an error: a part that was stored (REQ took the chat,
+                # INGRESS failed its record) must not run on for nobody.
+                await cancel(reply, "unpublished")
+                if key:
+                    await state.idempotency.release(message.tenant, key)
+        if isinstance(exc, UNAVAILABLE):  # still so after INGRESS_PATIENCE of retries
+            raise ApiError(
+                503, f"the fleet did not take the request: {type(exc).__name__}",
+                "service_unavailable_error", "bus_unavailable", retry_after=1.0,
+            ) from None  # fmt: skip
         raise
     if adopting and claim is not None and key:
         if not stored:  # the original reached the fleet after all: wait for its answer

@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError
 
+from services.edge import replies
 from services.edge.idempotency import ORPHAN_AFTER, fingerprint, kv_key
 from switchyard import subjects
 from switchyard.bus.connection import Bus
@@ -229,3 +230,36 @@ async def test_a_retry_of_an_old_claim_whose_request_did_reach_the_fleet_runs_no
     assert retry.headers["x-request-id"] == original
     assert retry.headers.get("idempotent-replayed") == "true"
     assert [x.request_id for x in seen] == [original]
+
+
+async def test_a_chat_whose_record_is_not_stored_is_refused_and_not_run(
+    edge: str, bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The edge publishes its chat on REQ (to run) and on INGRESS (the record) at once.
+    When INGRESS cannot take the record (here: a stream provisioned before `llm.edge.>`
+    existed), the client gets a typed 503 once the edge's patience is spent, and the chat
+    REQ did take is cancelled, not run on for nobody."""
+    monkeypatch.setattr(replies, "INGRESS_PATIENCE", 0.5)
+    config = (await bus.js.stream_info("INGRESS")).config
+    subjects_before = list(config.subjects or [])
+    config.subjects = [s for s in subjects_before if s != "llm.edge.>"]
+    await bus.js.update_stream(config)
+    try:
+        body = {"model": "default", "messages": HELLO, "max_tokens": LONG}
+        async with (
+            results(bus, "cut") as seen,
+            httpx.AsyncClient(base_url=edge, timeout=30) as http,
+        ):
+            r = await http.post("/v1/chat/completions", json=body, headers=auth("sk-cut"))
+            assert r.status_code == 503, r.text
+            error = r.json()["error"]
+            assert error["code"] == "bus_unavailable" and r.headers["retry-after"] == "1"
+            rid = r.headers["x-request-id"]
+            await until(lambda: any(x.request_id == rid for x in seen), timeout=20,
+                        what="the refused chat's result")  # fmt: skip
+        (result,) = [x for x in seen if x.request_id == rid]
+        assert result.status == "cancelled", result
+        assert result.usage.completion_tokens < LONG  # stopped, not run to its end
+    finally:
+        config.subjects = subjects_before
+        await bus.js.update_stream(config)
