@@ -130,15 +130,16 @@ def test_the_overhead_run_reports_hops_and_cpu_per_process_for_both_paths(
     assert {c.errors for c in result.columns.values()} == {0}
     edge, nats = result.columns[SY_EDGE], result.columns[SY_NATS]
     # The NATS path reads its hops from the results' routes, the edge path from the
-    # answer's Server-Timing header; the edge path went through the preprocessor.
+    # answer's Server-Timing header; the edge prepares its chat itself (`prepare`).
     assert nats.hops_p50_ms is not None and set(nats.hops_p50_ms) == {
         "to_router", "router", "to_worker", "engine", "back"}  # fmt: skip
     assert edge.hops_p50_ms is not None and {"prepare", "to_worker", "http"} <= set(
         edge.hops_p50_ms
     )
     fleet = {"router", "worker", "nats-server", LOAD_GENERATOR}
-    for column, busy in ((nats, fleet), (edge, fleet | {"edge", "preprocessor"})):
+    for column, busy in ((nats, fleet), (edge, fleet | {"edge"})):
         cpu = column.cpu_ms_per_request or {}
         assert all(cpu.get(p, 0.0) > 0.05 for p in busy), cpu
+    assert "preprocessor" not in (edge.cpu_ms_per_request or {})  # no such hop, no process
     # A path does not bill the processes it does not use (beyond their idle background).
     assert (result.columns[SMG].cpu_ms_per_request or {}).get("edge", 0.0) < 0.05
