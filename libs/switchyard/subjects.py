@@ -36,8 +36,7 @@ def llm_edge(tenant: str) -> str:
 def ingress_runnable(subject: str) -> str:
     """The subject that runs a request stored on INGRESS at `subject`: itself, except the
     edge's chat record (`llm.edge.<t>`), whose chat runs from `llm.in.<t>`."""
-    family, _, rest = subject.partition(".edge.")
-    return f"{family}.in.{rest}" if family == "llm" and rest else subject
+    return llm_in(tenant_of(subject)) if subject.startswith("llm.edge.") else subject
 
 
 def req(workload: Workload, tenant: str) -> str:
