@@ -32,6 +32,7 @@ from services.router.sessions import SessionTable, route_id
 from services.router.settings import RouterSettings
 from switchyard import subjects
 from switchyard.answers import answer, result_for
+from switchyard.bus import streamread
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import Puller, dead_letter
 from switchyard.bus.publish import UNAVAILABLE, trace_headers
@@ -54,6 +55,9 @@ log = get_logger(__name__)
 # How long dispatch pauses after a WORK publish failed: a cluster elects a new stream
 # leader in seconds; retrying every queued request at once meanwhile only spins.
 DISPATCH_PAUSE = 0.5
+# RES is read back from this long before the oldest outstanding dispatch after a
+# reconnect: the router's clock and the server's may differ a little.
+CLOCK_SLACK = 5.0
 
 
 @dataclass
@@ -133,6 +137,7 @@ class Router:
         # After a WORK publish failed (the stream has no leader for a moment), dispatch
         # waits until then (monotonic) instead of sending the queue into the same wall.
         self.dispatch_paused_until = 0.0
+        self.reconnects_seen = 0  # the connection's reconnects whose missed results were read
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -470,17 +475,50 @@ class Router:
     # -- results, cancels, keepalive ----------------------------------------------------
 
     async def _on_result(self, msg: Msg) -> None:
+        self._take_result(msg.data, live=True)
+
+    def _take_result(self, data: bytes, *, live: bool) -> None:
+        """A request ended: its worker's credit and its tenant's reservation come back.
+        `live`: heard as published (not read back from RES after a reconnect), so it also
+        counts against its worker's last heartbeat (`_loads`)."""
         try:
-            result = decode(msg.data, GenerateResult, max_bytes=self.s.max_message_bytes)
+            result = decode(data, GenerateResult, max_bytes=self.s.max_message_bytes)
         except DecodeError:
             return
-        if result.worker is not None and result.route is not None:
+        if live and result.worker is not None and result.route is not None:
             self.finished.setdefault(result.worker, []).append(result.route.finished_at)
         out = self.outstanding.pop(result.request_id, None)
         if out is None:
             return
         self.admission.finished(result.request_id, result.usage.completion_tokens)
         self.queue.settle(out.tenant, out.max_tokens, result.usage.completion_tokens)
+        self.wake.set()
+
+    async def _read_missed_results(self) -> int:
+        """Results come on a core-NATS subscription, so those published while the connection
+        was down never arrive; RES kept them. Read RES back from the oldest dispatch still
+        without a result (any result for it was published after it) and take each as if
+        heard: a result taken twice finds no `outstanding` entry the second time.
+        Returns how many outstanding requests this settled."""
+        if not self.outstanding:
+            return 0
+        before = len(self.outstanding)
+        since = min(o.at for o in self.outstanding.values()) - CLOCK_SLACK
+        window = streamread.Window(subject=subjects.RES_ALL, since=since)
+        async for stored in streamread.read(self.bus.js, "RES", window):
+            self._take_result(stored.data, live=False)
+            if not self.outstanding:
+                break
+        return before - len(self.outstanding)
+
+    def _forget(self, request_id: str, out: Outstanding) -> None:
+        """Give up on hearing a request's result (it may have been answered while RES could
+        not be read): its worker's credit comes back, and its tenant's concurrency slot,
+        charged every token it could have used (as the fair queue was at dispatch)."""
+        del self.outstanding[request_id]
+        self.admission.finished(request_id, out.max_tokens)
+        log.warning("router.result_unheard", request_id=request_id, tenant=out.tenant,
+                    worker=out.worker, age=round(time.time() - out.at, 1))  # fmt: skip
         self.wake.set()
 
     async def _on_cancel(self, msg: Msg) -> None:
@@ -511,11 +549,20 @@ class Router:
             for item in self.queue.items():
                 with contextlib.suppress(Exception):
                     await item.payload.msg.in_progress()
-            # Outstanding entries whose result we never saw (e.g. answered before a restart)
-            # must not hold credit forever.
+            reconnects = self.bus.nc.stats["reconnects"]
+            if reconnects != self.reconnects_seen:
+                try:
+                    settled = await self._read_missed_results()
+                except Exception as exc:  # RES has no leader yet: the next round tries again
+                    log.warning("router.missed_results_unread", error=repr(exc))
+                else:
+                    self.reconnects_seen = reconnects
+                    log.info("router.missed_results_read", settled=settled)
+            # Outstanding entries whose result was never seen nor read back must not hold
+            # credit and concurrency forever.
             cutoff = time.time() - max(600.0, 10 * self.s.max_queue_seconds)
-            for rid in [r for r, o in self.outstanding.items() if o.at < cutoff]:
-                del self.outstanding[rid]
+            for rid, out in [(r, o) for r, o in self.outstanding.items() if o.at < cutoff]:
+                self._forget(rid, out)
             now = time.time()
             for affinity in self.affinity.values():
                 affinity.expire(now)

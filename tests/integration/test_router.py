@@ -40,6 +40,7 @@ from tests.support.fleet import (
     worker_in_process,
 )
 from tests.support.poll import until
+from tests.support.proxy import cuttable_proxy
 
 POLICY = {
     "default": {"itpm": 10_000_000, "otpm": 1_000_000, "max_queued_tokens": 50_000_000},
@@ -487,3 +488,44 @@ async def test_two_backlogged_tenants_get_token_fair_service_on_nats(
     # One request in flight at a time (credit 1): within twice the bound, not 20x apart
     # as request-count fairness would give.
     assert abs(served["fair-a"] - served["fair-b"]) <= 2 * bound + bound
+
+
+async def test_a_result_published_while_the_router_was_cut_off_frees_its_tenant_slot(
+    bus: Bus, pool: str, tmp_path: Path, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router hears results on a core subscription, so one published while its own
+    connection is down never reaches it. After the reconnect it reads them back from RES:
+    the tenant's one concurrency slot and the worker's credit come back, and the tenant's
+    next request runs (it was refused `over_quota` until the router restarted)."""
+    monkeypatch.setenv("SY_SIM_DELAY_SCALE", "1")
+    solo = tmp_path / "solo.yaml"
+    solo.write_text(yaml.safe_dump({"tenants": {"solo": {"max_concurrency": 1}}}))
+    port = int(nats_url.rsplit(":", 1)[1])
+    async with contextlib.AsyncExitStack() as stack:
+        proxy = await stack.enter_async_context(cuttable_proxy(port))
+        router = await stack.enter_async_context(
+            router_in_process(proxy.url, partitions=2, pools=[pool], tenant_policy=solo,
+                              rebalance_interval=0.2, dead_after=30.0)
+        )  # fmt: skip
+        await stack.enter_async_context(
+            worker_in_process(nats_url, pool=pool, engine="sim", assignment="kv",
+                              worker_id=f"{pool}-w0", heartbeat_interval=0.3, partitions=2)
+        )  # fmt: skip
+        await wait_for_pool(bus.js, pool, 1, 2)
+        first = req(pool, "solo", sampling=Sampling(max_tokens=160))  # ~2 s of modelled decode
+        running = asyncio.create_task(submit(bus, first, timeout=30))
+        await until(
+            lambda: first.id in router.outstanding and not router.settling,
+            timeout=15, what="the first request dispatched and its REQ message acked",
+        )  # fmt: skip
+        await proxy.cut()
+        answered = final(await running)  # while the router cannot hear it
+        assert answered.result and answered.result.status == "ok"
+        assert router.admission.inflight("solo") == 1
+        await proxy.open()
+        await until(
+            lambda: router.admission.inflight("solo") == 0 and not router.outstanding,
+            timeout=20, what="the router reading the missed result back from RES",
+        )  # fmt: skip
+        second = final(await submit(bus, req(pool, "solo"), timeout=20))
+    assert second.result and second.result.status == "ok", second
