@@ -78,8 +78,8 @@ def engine_on(llm: Any) -> VllmEngine:
     engine = VllmEngine(VllmSettings(max_pixels=None, limit_mm_per_prompt={}))
     engine._api = VllmApi(
         async_llm=None, engine_args=None, sampling_params=lambda **kw: kw,
-        structured_outputs_params=dict, output_kind=types.SimpleNamespace(DELTA=1),
-        lora_request=None,
+        structured_outputs_params=dict, structured_outputs_config=dict,
+        output_kind=types.SimpleNamespace(DELTA=1), lora_request=None,
     )  # fmt: skip
     engine._llm, engine._tokenizer = llm, Tokenizer()
     return engine

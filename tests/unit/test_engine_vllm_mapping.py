@@ -45,6 +45,10 @@ The double copies the signatures we rely on, read from vLLM's source
     limit_mm_per_prompt: dict[str, int | dict[str, int]],
     mm_processor_kwargs: dict[str, Any] | None, enable_lora, max_loras,
     max_lora_rank, ...; class AsyncEngineArgs(EngineArgs): enable_log_requests
+- vllm/config/structured_outputs.py: @config class StructuredOutputsConfig:
+    backend = "auto"; disable_any_whitespace: bool = False; ... (a model validator:
+    disable_any_whitespace only with backend xgrammar or guidance, else ValueError);
+    AsyncEngineArgs takes the object (a dict is not converted)
 - vllm/inputs/data.py: class TextPrompt(TypedDict): prompt: str;
     multi_modal_data; mm_processor_kwargs; multi_modal_uuids; cache_salt
 - vllm/lora/request.py: LoRARequest(lora_name: str, lora_int_id: int,
@@ -186,6 +190,18 @@ ENGINE_ARG_FIELDS = names(
     structured_outputs_config reasoning_parser speculative_config scheduling_policy
     compilation_config generation_config enable_log_requests"""
 )
+
+
+@dataclasses.dataclass
+class StructuredOutputsConfig:
+    backend: str = "auto"
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    reasoning_parser: str = ""
+
+    def __post_init__(self) -> None:
+        if self.disable_any_whitespace and self.backend not in ("xgrammar", "guidance"):
+            raise ValueError("disable_any_whitespace is only supported for xgrammar and guidance")
 
 
 class AsyncEngineArgs:
@@ -423,6 +439,7 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[AsyncLLM]]:
         "vllm.engine.arg_utils": {"AsyncEngineArgs": AsyncEngineArgs},
         "vllm.lora": {},
         "vllm.lora.request": {"LoRARequest": LoRARequest},
+        "vllm.config": {"StructuredOutputsConfig": StructuredOutputsConfig},
         "vllm.outputs": {"RequestOutput": RequestOutput, "CompletionOutput": CompletionOutput},
         "vllm.platforms": {"current_platform": types.SimpleNamespace(is_cpu=lambda: False)},
     }
@@ -542,10 +559,24 @@ async def test_engine_args_come_from_settings(fake_vllm: type[AsyncLLM], tmp_pat
     assert args.limit_mm_per_prompt == {"image": 2}
     assert (args.enable_lora, args.max_lora_rank, args.max_loras) == (True, 32, 4)
     assert args.disable_log_stats is False  # stats() needs vLLM's metrics
+    assert args.structured_outputs_config == StructuredOutputsConfig()  # vLLM's defaults
     assert isinstance(engine, Engine) and engine.kind == "vllm"
     assert engine.capabilities.lora and engine.capabilities.max_context == 32_768
     await engine.close()
     assert fake_vllm.instances[-1].shut
+
+
+async def test_compact_json_goes_to_vllm_with_its_backend(fake_vllm: type[AsyncLLM]) -> None:
+    settings = VllmSettings(structured_outputs_backend="xgrammar", compact_json=True)
+    await (await started(settings)).close()
+    config = fake_vllm.instances[-1].engine_args.structured_outputs_config
+    assert config == StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
+
+
+def test_compact_json_is_refused_without_a_named_backend() -> None:
+    """vLLM would refuse it at start-up, minutes into loading a model; the settings now."""
+    with pytest.raises(ValueError, match="compact_json needs structured_outputs_backend"):
+        VllmSettings(compact_json=True)
 
 
 async def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:

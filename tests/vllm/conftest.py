@@ -136,11 +136,14 @@ def engine_settings(model: Path, **overrides: Any) -> VllmSettings:
 
 @pytest.fixture(scope="session")
 async def engine(vllm_model: Path, lora_dir: Path) -> AsyncIterator[VllmEngine]:
+    # Compact JSON (xgrammar, no free whitespace): the JSON-schema test checks it holds.
+    # The tier's workers run vLLM's default ("auto", whitespace allowed).
     eng = VllmEngine(
         engine_settings(
-            vllm_model, enable_lora=True, lora_dir=lora_dir, max_loras=2, max_lora_rank=LORA_RANK
+            vllm_model, enable_lora=True, lora_dir=lora_dir, max_loras=2, max_lora_rank=LORA_RANK,
+            structured_outputs_backend="xgrammar", compact_json=True,
         )
-    )
+    )  # fmt: skip
     await eng.start()
     yield eng
     await eng.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from switchyard.agentactions import parse_answer_text
+from switchyard.agentactions import answer_token_budget, parse_answer_text
 from switchyard.engines.base import Delta, EngineError, EngineRequest
 from switchyard.engines.vllm import VllmEngine, map_request
 from switchyard.messages.inference import (
@@ -99,8 +99,12 @@ async def test_json_schema_constraint(engine: VllmEngine) -> None:
             constraint=JsonSchemaConstraint(json_schema=schema),
         ),
     )
-    value = json.loads(text_of(deltas))
+    text = text_of(deltas)
+    value = json.loads(text)
     assert set(value) == {"level", "name"} and 1 <= value["level"] <= 99
+    # compact_json: no whitespace outside the strings (free whitespace is what a 135M model
+    # repeated until max_tokens on one CPU, `{"level" :` then newlines).
+    assert not re.search(r"\s", re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)), text
 
 
 async def test_grammar_constraint(engine: VllmEngine) -> None:
@@ -144,15 +148,18 @@ async def test_agent_actions_are_whole_answers_of_the_step_format(
     engine: VllmEngine, fmt: str
 ) -> None:
     """The agent action contract: the regex of the step's language (`answer_regex`) keeps
-    even a 135M model to answers `parse_answer_text` accepts, within the step's budget."""
+    even a 135M model to answers `parse_answer_text` accepts, within the step's budget
+    (`answer_token_budget`: the longest answer fits, two swipes of 5-digit numbers
+    included, which SmolLM2 wrote on one CPU and a budget of 64 cut)."""
     constraint = ActionsConstraint(action_format=fmt, chunk=2)  # type: ignore[arg-type]
+    budget = answer_token_budget(fmt, chunk=2)  # type: ignore[arg-type]
     for i in range(3):
         deltas = await run(
             engine,
             chat(
                 f"act-{fmt}-{i}",
                 f"Screen {i}: a close button top right. Act.",
-                max_tokens=64,
+                max_tokens=budget,
                 constraint=constraint,
             ),
         )

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from switchyard.agentactions import answer_regex
@@ -96,6 +96,22 @@ class VllmSettings(SectionSettings):
     # KV block size in tokens; None is the platform's (16 on GPUs, 128 on CPU). Only
     # full blocks are prefix-cached.
     block_size: int | None = Field(default=None, ge=1)
+    # What compiles structured outputs (JSON schema, regex, grammar, choice). "auto" is
+    # xgrammar, falling back to guidance or outlines for what xgrammar cannot compile.
+    structured_outputs_backend: Literal["auto", "xgrammar", "guidance"] = "auto"
+    # JSON without free whitespace (`{"a":1,"b":2}`): fewer tokens per answer, and no
+    # whitespace for a small model to repeat until max_tokens (SmolLM2-135M did, under a
+    # JSON schema, on one CPU and not on another). vLLM allows it only with a named
+    # backend, xgrammar or guidance.
+    compact_json: bool = False
+
+    @model_validator(mode="after")
+    def _compact_json_needs_a_backend(self) -> VllmSettings:
+        if self.compact_json and self.structured_outputs_backend == "auto":
+            raise ValueError(
+                "compact_json needs structured_outputs_backend xgrammar or guidance, not auto"
+            )
+        return self
 
     @field_validator("max_lora_rank")
     @classmethod
@@ -116,6 +132,7 @@ class VllmApi:
     engine_args: Any  # vllm.engine.arg_utils.AsyncEngineArgs
     sampling_params: Any  # vllm.sampling_params.SamplingParams
     structured_outputs_params: Any  # vllm.sampling_params.StructuredOutputsParams
+    structured_outputs_config: Any  # vllm.config.StructuredOutputsConfig
     output_kind: Any  # vllm.sampling_params.RequestOutputKind
     lora_request: Any  # vllm.lora.request.LoRARequest
 
@@ -127,6 +144,7 @@ def load_vllm() -> VllmApi:
         async_llm = importlib.import_module("vllm.v1.engine.async_llm")
         arg_utils = importlib.import_module("vllm.engine.arg_utils")
         lora = importlib.import_module("vllm.lora.request")
+        config = importlib.import_module("vllm.config")
     except ImportError as e:
         raise EngineError(f"{NOT_INSTALLED}: {e}", code="engine_error") from e
     return VllmApi(
@@ -134,6 +152,7 @@ def load_vllm() -> VllmApi:
         engine_args=arg_utils.AsyncEngineArgs,
         sampling_params=sp.SamplingParams,
         structured_outputs_params=sp.StructuredOutputsParams,
+        structured_outputs_config=config.StructuredOutputsConfig,
         output_kind=sp.RequestOutputKind,
         lora_request=lora.LoRARequest,
     )
@@ -155,8 +174,14 @@ def _require_device() -> None:
     )
 
 
+def structured_outputs_config_kwargs(s: VllmSettings) -> dict[str, Any]:
+    """`StructuredOutputsConfig` keyword arguments (`AsyncEngineArgs` takes the object)."""
+    return {"backend": s.structured_outputs_backend, "disable_any_whitespace": s.compact_json}
+
+
 def engine_args_kwargs(s: VllmSettings) -> dict[str, Any]:
-    """`AsyncEngineArgs` keyword arguments from our settings."""
+    """`AsyncEngineArgs` keyword arguments from our settings (but the structured-outputs
+    config: `structured_outputs_config_kwargs`)."""
     kw: dict[str, Any] = {
         "model": s.model,
         "enable_prefix_caching": s.enable_prefix_caching,
@@ -488,7 +513,8 @@ class VllmEngine:
         api = load_vllm()
         _require_device()
         s = self.settings
-        args = api.engine_args(**engine_args_kwargs(s))
+        outputs = api.structured_outputs_config(**structured_outputs_config_kwargs(s))
+        args = api.engine_args(**engine_args_kwargs(s), structured_outputs_config=outputs)
         try:
             # Loads the weights and profiles memory: minutes, on the event loop
             # as vLLM's own server does (its engine client binds to this loop).
