@@ -36,16 +36,19 @@ from services.router.leadership import Lease
 from switchyard import subjects
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.consumer import PULL_HEARTBEAT, Puller
+from switchyard.bus.kvkeys import kv_keys
 from switchyard.bus.provision import provision as provision_topology
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
-from switchyard.bus.topology import TopologySettings, build_topology
+from switchyard.bus.topology import TENANTS_BUCKET, TopologySettings, build_topology
 from switchyard.cli.app import app
+from switchyard.codec import decode
 from switchyard.config import Settings
 from switchyard.errors import ProvisioningError, StreamTimeout
 from switchyard.fleet.processes import Child
 from switchyard.fleet.readiness import wait_http
 from switchyard.messages.agent import AgentStep, RawFrame, StepOptions
+from switchyard.messages.fleet import TenantStatus
 from switchyard.messages.inference import ChatMessage, ChatRequest, Sampling
 from switchyard.messages.sql import AuditEvent
 from switchyard.natsserver import EmbeddedCluster, EmbeddedNats, binary
@@ -247,6 +250,7 @@ class Scenario:
         self.http_failed: list[str] = []
         self.steps: dict[str, float] = {}  # agent step id -> when the cluster acknowledged it
         self.audited: set[str] = set()  # audit event ids the cluster acknowledged
+        self.held: dict[str, int] = {}  # live router -> the tenant's requests it holds, at the end
 
     def event(self, what: str, which: str) -> None:
         self.events.append((what, which, time.time()))
@@ -295,6 +299,7 @@ class Scenario:
                 await until(lambda: self.audit.count() >= len(self.audited), timeout=60,
                             what="every acknowledged audit event in the audit table")  # fmt: skip
                 await asyncio.sleep(2.0)  # room for a late duplicate
+                self.held = await held_at_routers(self.bus, self.tenant, timeout=30)
 
     async def _load(self) -> None:
         i = 0
@@ -429,6 +434,7 @@ class Scenario:
         print(f"  audit events: {len(self.audited)} acknowledged, {len(rows)} in the audit "
               f"table, {len(self.audited - set(rows))} lost, "
               f"{sum(n > 1 for n in rows.values())} stored twice")  # fmt: skip
+        print(f"  in flight at the live routers once all was answered: {self.held}")
         # (How many depends on the scenario's length and the box: enough to mean something.)
         assert len(self.steps) >= 20 and not steps_lost and not steps_doubled
         # Answered or refused with a reason (a step too old to act on is never run).
@@ -444,6 +450,29 @@ class Scenario:
         assert not lost, f"{len(lost)} acknowledged requests have no result: {sorted(lost)[:5]}"
         assert not doubled, doubled
         assert all(waits[rid] < 40 for rid in waits), max(waits.values())
+        # A result a router did not hear (published while its connection moved to another
+        # member) would keep one of the tenant's concurrency slots there for good.
+        assert self.held and not any(self.held.values()), self.held
+
+
+async def held_at_routers(bus: Bus, tenant: str, *, timeout: float) -> dict[str, int]:
+    """Each live router's count of `tenant`'s requests in flight (`TenantStatus` rows in KV,
+    written every second: a row older than 3 s is a dead router's), once all are 0 or
+    when `timeout` runs out."""
+    kv = await bus.js.key_value(TENANTS_BUCKET)
+    deadline = time.monotonic() + timeout
+    while True:
+        held: dict[str, int] = {}
+        for key in await kv_keys(bus.js, TENANTS_BUCKET):
+            if not key.startswith(f"{tenant}."):
+                continue
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+                row = decode((await kv.get(key)).value or b"", TenantStatus)
+                if time.time() - row.at < 3.0:
+                    held[row.router] = row.inflight
+        if (held and not any(held.values())) or time.monotonic() > deadline:
+            return held
+        await asyncio.sleep(0.5)
 
 
 @pytest.fixture
