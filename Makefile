@@ -66,6 +66,8 @@ VLLM_VENV := .venv-vllm
 VLLM_PYTEST_ARGS ?=
 
 # pytest exits 5 when it collected no tests: that is a failure too, like any non-zero.
+# Both tiers run whatever the other's outcome (one red test must not hide the state of
+# the other tier); the recipe then fails if either failed, naming which.
 # Chromium (the console's browser test) and promtool (the alert rules' own checks) are
 # optional: without them those tests skip, saying why. The vllm tier is not: under
 # SY_REQUIRE_VLLM=1 a missing vLLM or model fails it.
@@ -74,18 +76,16 @@ test: setup
 	bash deploy/local/ensure-chromium.sh || echo "make test: no chromium, tests/e2e/test_console.py will skip" >&2
 	bash deploy/local/ensure-promtool.sh || echo "make test: no promtool, the rules' promtool checks will skip" >&2
 	bash deploy/local/ensure-vllm.sh $(VLLM_VENV)
-	@rc=0; $(VENV)/bin/pytest $(PYTEST_ARGS) || rc=$$?; \
-	case $$rc in \
-	  0) ;; \
-	  5) echo "make test: pytest collected no tests" >&2; exit 5 ;; \
-	  *) echo "make test: pytest failed (exit $$rc)" >&2; exit $$rc ;; \
-	esac
-	@rc=0; SY_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/pytest tests/vllm $(VLLM_PYTEST_ARGS) || rc=$$?; \
-	case $$rc in \
-	  0) ;; \
-	  5) echo "make test: the vllm tier collected no tests" >&2; exit 5 ;; \
-	  *) echo "make test: the vllm tier failed (exit $$rc)" >&2; exit $$rc ;; \
-	esac
+	@main=0; $(VENV)/bin/pytest $(PYTEST_ARGS) || main=$$?; \
+	vllm=0; SY_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/pytest tests/vllm $(VLLM_PYTEST_ARGS) || vllm=$$?; \
+	for tier in main:$$main vllm:$$vllm; do \
+	  case $${tier#*:} in \
+	    0) echo "make test: the $${tier%%:*} tier passed" >&2 ;; \
+	    5) echo "make test: the $${tier%%:*} tier collected no tests" >&2 ;; \
+	    *) echo "make test: the $${tier%%:*} tier failed (exit $${tier#*:})" >&2 ;; \
+	  esac; \
+	done; \
+	if [ $$main -ne 0 ]; then exit $$main; fi; exit $$vllm
 
 # The vllm tier alone.
 test-vllm: setup

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,6 +21,18 @@ import pytest
 from switchyard.bus.connection import Bus, connect
 from switchyard.config import Settings
 from switchyard.natsserver import EmbeddedNats
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM and SIGHUP stop a test run as Ctrl-C does: pytest then tears down its
+    fixtures, which stop the servers and fleets they started (a run killed outright by
+    its default SIGTERM would leave them running)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from switchyard import children
 from switchyard.ports import free_port, reachable
 
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
@@ -75,12 +76,14 @@ class ClusterMembership:
 
 @dataclass
 class EmbeddedNats:
-    """A nats-server with JetStream in `data_dir`; `extra_config` is appended verbatim."""
+    """A nats-server with JetStream in `data_dir`; `extra_config` is appended verbatim,
+    `jetstream_config` goes verbatim into the `jetstream` block (its limits)."""
 
     data_dir: Path
     port: int = 0
     host: str = "127.0.0.1"
     extra_config: str = ""
+    jetstream_config: str = ""
     max_payload: int = DEFAULT_MAX_PAYLOAD
     sync_always: bool = False
     # Own session: a terminal's Ctrl-C reaches the supervisor, which stops the server last.
@@ -108,7 +111,8 @@ class EmbeddedNats:
             f"listen: {self.host}:{self.port}\n"
             f"max_payload: {self.max_payload}\n"
             f"{monitor}{cluster}"
-            f'jetstream {{\n    store_dir: "{self.data_dir / "jetstream"}"{sync}\n}}\n'
+            f'jetstream {{\n    store_dir: "{self.data_dir / "jetstream"}"{sync}\n'
+            f"{self.jetstream_config}}}\n"
             f"{self.extra_config}\n"
         )
 
@@ -121,6 +125,7 @@ class EmbeddedNats:
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
+            children.untrack(self.proc)
         self.proc = None
 
     def start(self, timeout: float = 10.0) -> EmbeddedNats:
@@ -137,6 +142,7 @@ class EmbeddedNats:
             stderr=subprocess.STDOUT,
             start_new_session=self.new_session,
         )
+        children.track(self.proc, own_group=self.new_session)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -162,13 +168,15 @@ class EmbeddedNats:
             return {}
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            children.untrack(self.proc)
         self.proc = None
 
     def __enter__(self) -> EmbeddedNats:

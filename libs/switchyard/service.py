@@ -1,23 +1,29 @@
 """The common life cycle of a service process: settings, logs, metrics, signals, drain.
 
 `run_service(name, settings, main)` calls `main(bus, stop)`; `stop` is set on
-SIGTERM or SIGINT, and `main` is expected to stop taking work, finish what it
-holds, and return. The bus is drained and closed afterwards. A `main` that cannot go on
-(the worker whose engine died) cleans up the same way and raises `ServiceExit`: the
-process then exits with its code at once, and its supervisor (compose's `restart:`, k8s)
-starts a fresh one.
+SIGTERM, SIGINT or SIGHUP (a second one exits at once), and `main` is expected to stop
+taking work, finish what it holds, and return. The bus is drained and closed afterwards.
+A drain needs its bus: once stopping, a `main` whose bus has been gone `STRANDED_AFTER`
+seconds is cancelled (nothing it holds can be answered or acked; the stream hands
+every unacked message to another consumer), so a service whose NATS is gone exits
+within seconds of SIGTERM instead of waiting out every publish's patience.
+
+A `main` that cannot go on (the worker whose engine died) cleans up the same way and
+raises `ServiceExit`: the process then exits with its code at once, and its supervisor
+(compose's `restart:`, k8s) starts a fresh one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-from switchyard import eventloop
+from switchyard import children, eventloop
 from switchyard.bus.connection import Bus, connect
 from switchyard.config import Settings
 from switchyard.logging import configure, get_logger
@@ -36,20 +42,66 @@ class ServiceExit(Exception):
         self.reason = reason
 
 
+# Stopping, with the bus disconnected this long: the drain is given up (module docstring).
+STRANDED_AFTER = 3.0
+STRANDED_CHECK = 0.25
+
+
 async def serve(name: str, settings: Settings, main: Main) -> None:
     log = get_logger(name)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    serve_metrics(settings.metrics_port)
-    bus = await connect(settings, name)
-    log.info("service.started", nats=settings.nats_url, metrics_port=settings.metrics_port)
+    with children.stopping_on(asyncio.get_running_loop(), stop.set):
+        serve_metrics(settings.metrics_port)
+        bus = await connect(settings, name)
+        log.info("service.started", nats=settings.nats_url, metrics_port=settings.metrics_port)
+        work: asyncio.Future[None] = asyncio.ensure_future(main(bus, stop))
+        try:
+            await _until_done_or_stranded(work, stop, bus, log)
+        finally:
+            if not work.done():  # cancelled ourselves (the loop is closing): so is main
+                await _cancel(work, within=STRANDED_AFTER)
+            if bus.nc.is_connected:
+                await bus.close()
+            else:  # nothing to drain into: close without waiting for a server
+                with contextlib.suppress(Exception):
+                    await bus.nc.close()
+            log.info("service.stopped")
+
+
+async def _until_done_or_stranded(
+    work: asyncio.Future[None], stop: asyncio.Event, bus: Bus, log: Any
+) -> None:
+    """`work`'s outcome; once `stop` is set, it is cancelled if the bus stays disconnected
+    for `STRANDED_AFTER` seconds while it drains."""
+    stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
     try:
-        await main(bus, stop)
+        await asyncio.wait({work, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        await bus.close()
-        log.info("service.stopped")
+        stopping.cancel()
+    away = 0.0
+    while not work.done():
+        await asyncio.wait({work}, timeout=STRANDED_CHECK)
+        away = 0.0 if bus.nc.is_connected else away + STRANDED_CHECK
+        if away >= STRANDED_AFTER and not work.done():
+            log.warning("service.drain_abandoned", reason="the bus is gone", after_s=away)
+            # What main still sends fails at once from here (ConnectionClosedError), not
+            # after each call's timeout: its clean-up code runs to its end.
+            with contextlib.suppress(Exception):
+                await bus.nc.close()
+            await _cancel(work, within=STRANDED_AFTER)
+            return
+    work.result()  # its exception (ServiceExit, a crash) is the service's
+
+
+async def _cancel(work: asyncio.Future[None], *, within: float) -> None:
+    """Cancel `work` until it is done, for up to `within` seconds: each cancel interrupts
+    the one await it stands in, and a clean-up (a `finally`) may await again."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not work.done() and asyncio.get_running_loop().time() < deadline:
+        work.cancel()
+        await asyncio.wait({work}, timeout=STRANDED_CHECK)
+    if work.done() and not work.cancelled():
+        work.exception()  # retrieved: a clean-up's error is not logged as never retrieved
 
 
 def run_service(name: str, settings: Settings, main: Main) -> None:

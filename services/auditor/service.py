@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from services.auditor import metrics
 from services.auditor.settings import AuditorSettings
 from services.auditor.store import AuditWriter, Row, kind_of, to_row
+from switchyard.backoff import Backoff
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import PullLoop, RetryPolicy
 from switchyard.codec import decode
@@ -30,6 +31,9 @@ from switchyard.messages.sql import AuditEvent
 from switchyard.sqldb.tls import DbTlsError
 
 log = get_logger(__name__)
+
+# While the database is away: from ~0.2 s (a restart) up to 5 s between tries.
+DB_RETRY = Backoff(first=0.2, cap=5.0)
 
 Write = Callable[[list[Row]], int]
 
@@ -70,7 +74,7 @@ class Batcher:
 
     async def _flush(self, batch: list[tuple[Row, asyncio.Future[None]]]) -> None:
         started = time.perf_counter()
-        delay = 0.2
+        failures = 0
         while True:
             try:
                 inserted = await asyncio.to_thread(self.write, [row for row, _ in batch])
@@ -79,9 +83,12 @@ class Batcher:
                 # The database is away (or lost its TLS): keep the messages (PullLoop keeps
                 # them in progress) rather than burn their deliveries into the dead letters.
                 metrics.FAILURES.inc()
-                log.warning("audit.db_unavailable", size=len(batch), error=repr(exc), retry=delay)
+                delay = DB_RETRY.delay(failures)
+                failures += 1
+                log.warning(
+                    "audit.db_unavailable", size=len(batch), error=repr(exc), retry=round(delay, 3)
+                )
                 await asyncio.sleep(delay)
-                delay = min(5.0, delay * 2)
             except Exception as exc:
                 metrics.FAILURES.inc()
                 log.error("audit.batch_failed", size=len(batch), error=repr(exc))

@@ -33,7 +33,7 @@ from services.edge.idempotency import orphaned
 from services.edge.replies import Reply
 from services.edge.state import EdgeState
 from switchyard import subjects
-from switchyard.bus.publish import UNAVAILABLE
+from switchyard.bus.publish import transient
 from switchyard.chatprep import prepared_sends
 from switchyard.envelope import Envelope
 from switchyard.errors import SwitchyardError
@@ -184,7 +184,7 @@ async def request_lifecycle(
                 await cancel(reply, "unpublished")
                 if key:
                     await state.idempotency.release(message.tenant, key)
-        if isinstance(exc, UNAVAILABLE):  # still so after INGRESS_PATIENCE of retries
+        if transient(exc):  # still so after INGRESS_PATIENCE of retries
             raise ApiError(
                 503, f"the fleet did not take the request: {type(exc).__name__}",
                 "service_unavailable_error", "bus_unavailable", retry_after=1.0,

@@ -30,6 +30,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from switchyard.backoff import Backoff
 from switchyard.bus.publish import UNAVAILABLE
 from switchyard.bus.topology import ROUTER_BUCKET
 from switchyard.codec import decode, encode
@@ -43,8 +44,9 @@ log = get_logger(__name__)
 MARGIN = 0.5
 # Each renewal's wait for the server (a renewal that cannot land within the lease is moot).
 RENEW_TIMEOUT = 1.0
-# How often a standby tries to take the lease: a released lease is taken within this.
-STANDBY_POLL = 0.5
+# How often a standby tries to take the lease: a released lease is taken within 0.5 s.
+# Jittered (0.25-0.5 s), so two standbys do not ask in lockstep.
+STANDBY_POLL = Backoff(first=0.5, cap=0.5)
 RENEWAL_FAILED: tuple[type[Exception], ...] = (*UNAVAILABLE, TimeoutError)
 
 
@@ -113,7 +115,7 @@ class Lease:
             except UNAVAILABLE as exc:
                 log.warning("router.lease_unavailable", error=repr(exc))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), STANDBY_POLL)
+                await asyncio.wait_for(stop.wait(), STANDBY_POLL.delay(0))
         return False
 
     async def hold(self, stop: asyncio.Event) -> None:

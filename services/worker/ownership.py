@@ -22,6 +22,7 @@ from nats.js.kv import KeyValue
 from services.worker import metrics
 from services.worker.settings import WorkerSettings
 from switchyard import subjects
+from switchyard.backoff import Backoff
 from switchyard.bus.consumer import GiveUp, PullLoop, RetryPolicy
 from switchyard.bus.kvkeys import kv_keys
 from switchyard.bus.publish import UNAVAILABLE
@@ -32,6 +33,9 @@ from switchyard.logging import get_logger
 from switchyard.messages.fleet import Assignment, WorkerHeartbeat, assignment_key
 
 log = get_logger(__name__)
+
+# Between reads of the assignment while its bucket has no leader (a cluster failover).
+ASSIGNMENT_RETRY = Backoff(first=0.5, cap=4.0)
 
 
 class Ownership:
@@ -158,6 +162,7 @@ class Ownership:
         await self.set_owned(await self._assigned(kv))
         watcher = await kv.watch(f"{self.s.pool}.>")
         stopping = asyncio.create_task(stop.wait())
+        unreadable = 0  # assignment reads failed in a row
         try:
             while not stop.is_set():
                 update = asyncio.create_task(watcher.updates(timeout=5))  # type: ignore[no-untyped-call]
@@ -179,9 +184,11 @@ class Ownership:
                 # the next update or the 5 s timeout reads it again.
                 try:
                     await self.set_owned(await self._assigned(kv))
+                    unreadable = 0
                 except UNAVAILABLE as exc:
                     log.warning("worker.assignment_unreadable", error=repr(exc))
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(ASSIGNMENT_RETRY.delay(unreadable))
+                    unreadable += 1
         finally:
             stopping.cancel()
             with contextlib.suppress(Exception):

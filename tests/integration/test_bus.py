@@ -14,6 +14,7 @@ from pathlib import Path
 from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
+from switchyard.backoff import Backoff
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import PullLoop, RetryPolicy
 from switchyard.bus.provision import ensure_stream
@@ -128,12 +129,13 @@ async def test_transient_error_naks_and_retries(bus: Bus, unique: str) -> None:
 
     loop = PullLoop(
         bus.js, stream, durable, flaky,
-        retry=RetryPolicy(4, backoff_base=0.2), ack_wait=5,
+        retry=RetryPolicy(4, Backoff(first=0.2, cap=30.0)), ack_wait=5,
     )  # fmt: skip
     await _run_until(loop, lambda: loop.processed == 1)
     assert len(attempts) == 3
-    assert attempts[1] - attempts[0] >= 0.15  # backed off, not hot-looped
-    assert attempts[2] - attempts[1] >= 0.3  # exponential
+    # Equal jitter: the n-th wait lies in [ceiling/2, ceiling], the ceiling doubling.
+    assert attempts[1] - attempts[0] >= 0.1  # backed off, not hot-looped
+    assert attempts[2] - attempts[1] >= 0.2  # exponential: above the first wait's ceiling
 
 
 async def test_dead_letter_after_max_deliver_with_reason(bus: Bus, unique: str) -> None:
@@ -147,7 +149,7 @@ async def test_dead_letter_after_max_deliver_with_reason(bus: Bus, unique: str) 
 
     loop = PullLoop(
         bus.js, stream, durable, always_fails,
-        retry=RetryPolicy(3, backoff_base=0.05), ack_wait=5,
+        retry=RetryPolicy(3, Backoff(first=0.05, cap=30.0)), ack_wait=5,
     )  # fmt: skip
     task = asyncio.create_task(loop.run())
     letter_msg = await dlq_sub.next_msg(timeout=10)

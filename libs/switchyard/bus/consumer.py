@@ -23,6 +23,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
 from switchyard import subjects
+from switchyard.backoff import Backoff
 from switchyard.bus.publish import MSG_ID, UNAVAILABLE
 from switchyard.codec import encode
 from switchyard.errors import DecodeError, ErrorCode, SwitchyardError
@@ -37,14 +38,18 @@ Handler = Callable[[Msg], Awaitable[None]]
 GiveUp = Callable[[Msg, ErrorCode, str], Awaitable[None]]
 
 
+# A failed message is held back by its stream from ~0.5 s, doubling, up to 30 s.
+NAK_BACKOFF = Backoff(first=0.5, cap=30.0)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     max_deliver: int  # the consumer's server-side max_deliver
-    backoff_base: float = 0.5
-    backoff_cap: float = 30.0
+    backoff: Backoff = NAK_BACKOFF
 
     def delay(self, delivered: int) -> float:
-        return float(min(self.backoff_cap, self.backoff_base * 2 ** max(0, delivered - 1)))
+        """How long the stream holds a message back after delivery `delivered` failed."""
+        return self.backoff.delay(delivered - 1)
 
 
 # Pull-request status codes (JetStream sends them to the request's reply subject).
@@ -66,6 +71,10 @@ RECONNECT_CHECK = 0.5
 # new leader never heard of it). So a pull asks for an idle heartbeat (`100`) this often
 # while it waits, and one not heard from for two of them is presumed lost and asked again.
 PULL_HEARTBEAT = 2.0
+# After a refused or failed pull (no consumer yet, its leader moving, the bus away): how
+# long before the next. Jittered, so a fleet's pullers that all heard the same
+# leadership change do not all ask the new leader in the same millisecond.
+PULL_RETRY = Backoff(first=1.0, cap=4.0)
 
 
 class Puller:
@@ -112,6 +121,7 @@ class Puller:
         self._changed = asyncio.Event()
         self._stopping = False
         self._refused = False
+        self._failures = 0  # refused or failed pulls since the last one that worked
         self._sub: Subscription | None = None
 
     def wake(self) -> None:
@@ -137,7 +147,7 @@ class Puller:
                 if not self._remaining:
                     if self._refused:  # the server said no (no consumer, ...): not in a spin
                         self._refused = False
-                        await asyncio.sleep(1.0)
+                        await self._back_off()
                         continue
                     if (n := self.room()) > 0:
                         await self._pull(n)
@@ -165,13 +175,19 @@ class Puller:
         except UNAVAILABLE as exc:
             log.warning("bus.pull_failed", subject=self.next_subject, error=repr(exc))
             self._remaining = 0
-            await asyncio.sleep(1.0)
+            await self._back_off()
+
+    async def _back_off(self) -> None:
+        await asyncio.sleep(PULL_RETRY.delay(self._failures))
+        self._failures += 1
 
     async def _on_msg(self, msg: Msg) -> None:
         current = msg.subject.rsplit(".", 1)[-1] == str(self._request)
         if current:
             self._heard = time.monotonic()
         status = (msg.headers or {}).get(api.Header.STATUS)
+        if status in (None, _HEARTBEAT, "408"):  # the pull worked: the next refusal is news
+            self._failures = 0
         if status is None:
             self._remaining = max(0, self._remaining - 1)
             if not self._remaining:
@@ -317,11 +333,16 @@ class PullLoop:
                     await self._give_up(msg, code, reason)
                 else:
                     delay = self.retry.delay(delivered)
-                    log.warning("bus.retry", consumer=self.durable, error=repr(exc), delay=delay)
+                    log.warning("bus.retry", consumer=self.durable, error=repr(exc),
+                                delay=round(delay, 3))  # fmt: skip
                     await msg.nak(delay=delay)
                 return
             await msg.ack()
             self.processed += 1
+        except nats.errors.ConnectionClosedError:
+            # Closed under it (a service stopping without its bus): the message was not
+            # settled, so its stream hands it out again after its ack wait.
+            log.warning("bus.unsettled", consumer=self.durable, subject=msg.subject)
         finally:
             keepalive.cancel()
             self._free += 1

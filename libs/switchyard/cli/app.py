@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from switchyard import children
 from switchyard.cli import (
     agent_commands,
     audit_commands,
@@ -38,6 +39,9 @@ metrics_commands.register(app)
 
 
 def main() -> None:
+    # Before any command starts anything: SIGTERM and SIGHUP stop `sy` as Ctrl-C does,
+    # and a second signal kills what it started at once (`switchyard.children`).
+    children.stop_on_signals()
     app()
 
 

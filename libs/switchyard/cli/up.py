@@ -32,7 +32,6 @@ import dataclasses
 import importlib.util
 import os
 import re
-import signal
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from switchyard import children
 from switchyard.bus.provision import Change
 from switchyard.bus.topology import Topology, TopologySettings, build_topology
 from switchyard.cli.logview import LogFormat, LogView, pretty
@@ -284,10 +284,6 @@ def write_admin_env(path: Path, url: str, secrets: LocalSecrets) -> None:
             f.write(f"{key}={value}\n")
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def status(name: str, color: str, mark: str, message: str) -> None:
     console.print(Text.assemble((f"{mark} ", color), (name, f"bold {color}"), f"  {message}"))
 
@@ -330,11 +326,17 @@ async def supervise(
     procs: list[Service], url: str, nats: list[EmbeddedNats], secrets: LocalSecrets | None,
     log_format: LogFormat,
 ) -> int:  # fmt: skip
-    """Run `procs` until Ctrl-C/SIGTERM or one of them exits; the exit status."""
-    loop = asyncio.get_running_loop()
+    """Run `procs` until Ctrl-C/SIGTERM/SIGHUP or one of them exits; the exit status. A
+    second signal while the fleet drains kills it at once (`children.stopping_on`)."""
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    with children.stopping_on(asyncio.get_running_loop(), stop.set):
+        return await _supervise(procs, url, nats, secrets, log_format, stop)
+
+
+async def _supervise(
+    procs: list[Service], url: str, nats: list[EmbeddedNats], secrets: LocalSecrets | None,
+    log_format: LogFormat, stop: asyncio.Event,
+) -> int:  # fmt: skip
     view = LogView(console, [p.name for p in procs], pretty=pretty(log_format, console.is_terminal))
     admin = secrets.client_settings(ADMIN_USER) if secrets is not None else None
     edge_ca = secrets.ca.cert if secrets is not None else None
@@ -352,15 +354,15 @@ async def supervise(
             return code
         if not procs:
             console.print("no service can run yet; the embedded NATS stays up until Ctrl-C")
-        children = fleet.processes.children if fleet.processes is not None else []
-        for p, child in zip(procs, children, strict=True):
+        started = fleet.processes.children if fleet.processes is not None else []
+        for p, child in zip(procs, started, strict=True):
             status(p.name, view.color(p.name), "●", f"pid {child.pid}: {p.describe()}")
         announcer = asyncio.create_task(announce(fleet, view))
         try:
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.5)
-                dead = [c for c in children if not c.alive()]
+                dead = [c for c in started if not c.alive()]
                 for child in dead:
                     exited.add(child.name)
                     rc = child.proc.returncode
@@ -490,8 +492,7 @@ def register(app: typer.Typer) -> None:
 
         servers: list[EmbeddedNats] = []
         code = 0
-        # Unwind on SIGTERM too, stopping what was started (asyncio.run installs its own).
-        previous = signal.signal(signal.SIGTERM, _interrupt)
+        # SIGTERM and SIGHUP unwind as Ctrl-C does (`sy`'s main: `children.stop_on_signals`).
         try:
             if not external:
                 servers = start_nats(host, port, nats_dir, secrets, nats_cluster)
@@ -513,5 +514,4 @@ def register(app: typer.Typer) -> None:
                 server.stop()
             if servers:
                 status("nats", "dim", "■", "embedded nats-server stopped")
-            signal.signal(signal.SIGTERM, previous)
         raise typer.Exit(code)

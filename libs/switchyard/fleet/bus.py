@@ -33,13 +33,18 @@ def any_reachable(url: str) -> bool:
 
 @contextlib.contextmanager
 def nats_server(url: str | None = None) -> Iterator[str]:
-    """`url` when it answers; with no URL, a throwaway embedded server for the block."""
+    """`url` when it answers; with no URL, a throwaway embedded server for the block, in a
+    session of its own: a terminal's Ctrl-C reaches the launcher, which stops the
+    services first and this server last (they drain instead of losing their bus)."""
     if url:
         if not any_reachable(url):
             raise FleetError(f"NATS at {url} is not reachable")
         yield url
         return
-    with tempfile.TemporaryDirectory(prefix="sy-nats-") as tmp, EmbeddedNats(Path(tmp)) as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="sy-nats-") as tmp,
+        EmbeddedNats(Path(tmp), new_session=True) as server,
+    ):
         yield server.url
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from switchyard import children
 from switchyard.fleet.errors import FleetError, NotReady, ServiceExited
 from switchyard.fleet.readiness import wait_http
 
@@ -127,6 +128,7 @@ class ProcessGroup:
                 )  # fmt: skip
             except OSError as exc:
                 raise FleetError(f"{name} could not be started ({argv[0]}): {exc}") from exc
+        children.track(proc, own_group=True)
         child = Child(name, proc, log)
         if self.on_output is not None and proc.stdout is not None:
             child._reader = threading.Thread(
@@ -162,18 +164,18 @@ class ProcessGroup:
 
     def close(self, grace: float | None = None) -> list[Stopped]:
         """SIGTERM every child at once, SIGKILL those still running `grace` s later."""
-        children = list(self.children)
-        for child in reversed(children):
+        running = list(self.children)
+        for child in reversed(running):
             if child.alive():
                 _signal(child, signal.SIGTERM)
-        stopped = self._reap(children, grace)
+        stopped = self._reap(running, grace)
         self.children.clear()
         return stopped
 
-    def _reap(self, children: list[Child], grace: float | None) -> list[Stopped]:
+    def _reap(self, group: list[Child], grace: float | None) -> list[Stopped]:
         deadline = time.monotonic() + (self.grace if grace is None else grace)
         stopped = []
-        for child in children:
+        for child in group:
             killed = False
             try:
                 child.proc.wait(max(0.0, deadline - time.monotonic()))
@@ -183,6 +185,7 @@ class ProcessGroup:
                 child.proc.wait()
             else:  # it is gone; make sure nothing it spawned outlived it
                 _signal(child, signal.SIGKILL)
+            children.untrack(child.proc)
             if child._reader is not None:
                 child._reader.join(2.0)  # its last lines are out before we report it stopped
             stopped.append(Stopped(child.name, child.proc.returncode, killed))
