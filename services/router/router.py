@@ -39,6 +39,7 @@ from switchyard.bus.publish import UNAVAILABLE, trace_headers
 from switchyard.bus.topology import ROUTER_DURABLE
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError
+from switchyard.ids import id_time
 from switchyard.logging import bind_request, get_logger
 from switchyard.messages.inference import GenerateRequest, GenerateResult, NewestStep
 from switchyard.partition import fnv1a_32, partition
@@ -430,12 +431,14 @@ class Router:
         label = self.labels.peek(req.tenant)  # its traffic was counted at admission
         with bind_request(req.id, req.tenant, req.trace):
             try:
-                await asyncio.wait_for(stored, self.s.work_publish_timeout)
+                ack = await asyncio.wait_for(stored, self.s.work_publish_timeout)
                 await msg.ack()
             except Exception as exc:
                 self._undispatch(item, exc)  # the next round after the pause sends it again
                 return
             self.admission.dispatched(req.id)
+            if ack.duplicate:
+                await self._take_earlier_result(req)
             if req.session:
                 self.warm[route_id(req.tenant, req.session)] = at
                 if decision.write:
@@ -510,6 +513,27 @@ class Router:
             if not self.outstanding:
                 break
         return before - len(self.outstanding)
+
+    async def _take_earlier_result(self, req: GenerateRequest) -> None:
+        """WORK already held this request: it was dispatched before, by this router (its
+        REQ message came again, the ack lost in a failover) or by one that died before
+        acking it. It runs, or ran, once; if it ran, its result was published before this
+        dispatch was registered and was not taken for it: read RES for it (else the result
+        is still to come, and is heard as usual)."""
+        window = streamread.Window(
+            subject=subjects.res(req.workload, req.tenant), since=id_time(req.id) - CLOCK_SLACK
+        )
+        try:
+            async for stored in streamread.read(self.bus.js, "RES", window):
+                if req.id not in self.outstanding:
+                    return  # heard meanwhile
+                with contextlib.suppress(DecodeError):
+                    if decode(stored.data, GenerateResult).request_id == req.id:
+                        self._take_result(stored.data, live=False)
+                        log.info("router.earlier_result_taken")
+                        return
+        except Exception as exc:  # RES has no leader: the backstop forgets it in the end
+            log.warning("router.earlier_result_unread", error=repr(exc))
 
     def _forget(self, request_id: str, out: Outstanding) -> None:
         """Give up on hearing a request's result (it may have been answered while RES could

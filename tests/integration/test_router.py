@@ -529,3 +529,31 @@ async def test_a_result_published_while_the_router_was_cut_off_frees_its_tenant_
         )  # fmt: skip
         second = final(await submit(bus, req(pool, "solo"), timeout=20))
     assert second.result and second.result.status == "ok", second
+
+
+async def test_a_request_dispatched_again_after_its_answer_frees_its_tenant_slot(
+    bus: Bus, pool: str, tmp_path: Path, nats_url: str
+) -> None:
+    """REQ hands a router a request whose answer is already on RES: its REQ ack was lost
+    (its leader died during a failover) or the router that dispatched it died before
+    acking. Dispatched again, WORK says duplicate (it ran once, and runs no more), so no
+    result will come: the router takes the earlier one from RES, and the tenant's one
+    concurrency slot comes back (before, it stayed held until the 600 s backstop, and
+    the tenant's next request was refused `over_quota`)."""
+    solo = tmp_path / "solo.yaml"
+    solo.write_text(yaml.safe_dump({"tenants": {"solo": {"max_concurrency": 1}}}))
+    async with fleet(nats_url, pool, solo) as router:
+        first = req(pool, "solo")
+        answered = final(await submit(bus, first, timeout=20))
+        assert answered.result and answered.result.status == "ok"
+        await until(lambda: router.admission.inflight("solo") == 0, timeout=10, what="settled")
+        # The same REQ message again (a redelivery: another stream sequence, the same body).
+        await publish(bus.js, subjects.req("llm", "solo"), first, msg_id=f"{first.id}-again")
+        await until(lambda: first.id in router.outstanding or router.admission.inflight("solo"),
+                    timeout=10, what="the request admitted again")  # fmt: skip
+        await until(
+            lambda: router.admission.inflight("solo") == 0 and first.id not in router.outstanding,
+            timeout=10, what="the earlier result taken from RES",
+        )  # fmt: skip
+        second = final(await submit(bus, req(pool, "solo"), timeout=20))
+    assert second.result and second.result.status == "ok", second

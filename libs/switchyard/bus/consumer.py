@@ -74,7 +74,7 @@ PULL_HEARTBEAT = 2.0
 # After a refused or failed pull (no consumer yet, its leader moving, the bus away): how
 # long before the next. Jittered, so a fleet's pullers that all heard the same
 # leadership change do not all ask the new leader in the same millisecond.
-PULL_RETRY = Backoff(first=1.0, cap=4.0)
+PULL_RETRY = Backoff(first=1.0, cap=2.0)
 
 
 class Puller:
