@@ -42,12 +42,6 @@ def untrack(proc: subprocess.Popen[Any]) -> None:
         _tracked.pop(proc.pid, None)
 
 
-def tracked() -> list[int]:
-    """The pids of the children still tracked."""
-    with _lock:
-        return sorted(_tracked)
-
-
 def kill_all() -> None:
     """SIGKILL every tracked child now (its process group, where it leads one)."""
     with _lock:
@@ -116,8 +110,3 @@ def stopping_on(loop: asyncio.AbstractEventLoop, first: Callable[[], None]) -> I
             loop.remove_signal_handler(sig)
             before = previous[sig]
             signal.signal(sig, signal.SIG_DFL if before is None else before)
-
-
-def signalled() -> int:
-    """How many stopping signals have reached `stop_on_signals`' handler."""
-    return _signals

@@ -112,6 +112,10 @@ class Lease:
                     log.info("router.standing_by", key=self.key,
                              holder=current.router if current else None)  # fmt: skip
                     announced = True
+            except KeyNotFoundError:
+                # The holder's key expired between our create and the check nats-py makes
+                # after it (whether the key was deleted): the lease is free, ask again now.
+                continue
             except UNAVAILABLE as exc:
                 log.warning("router.lease_unavailable", error=repr(exc))
             with contextlib.suppress(TimeoutError):

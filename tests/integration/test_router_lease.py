@@ -11,6 +11,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import nats.js.errors
+import pytest
 import yaml
 
 from services.router.leadership import Lease
@@ -55,6 +57,32 @@ async def test_a_standby_takes_the_lease_only_after_the_holder_stopped_acting(
     assert await asyncio.wait_for(waiting, 5.0)
     assert time.monotonic() - released < 1.5
     await c.release()
+
+
+async def test_a_lease_key_expiring_inside_the_create_does_not_end_the_standby(
+    bus: Bus, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats-py's `create` checks, after a wrong-last-sequence refusal, whether the key was
+    deleted; a holder's key expiring (TTL) between the two makes that check raise
+    `KeyNotFoundError` (seen in the flake hunt of issue #36: the standby's task died with it).
+    Injected once here, beside the real expiry of the test above: the standby asks again
+    and takes the lease."""
+    pools = [f"l{unique}"]
+    await provision_pool(bus.js, pools[0])
+    standby = Lease(bus.js, "rx", pools)
+    kv = await standby._bucket()
+    real_create, calls = kv.create, []
+
+    async def create(key: str, value: bytes) -> int:
+        calls.append(key)
+        if len(calls) == 1:
+            raise nats.js.errors.KeyNotFoundError
+        return await real_create(key, value)
+
+    monkeypatch.setattr(kv, "create", create)
+    assert await asyncio.wait_for(standby.acquire(asyncio.Event()), 5.0)
+    assert standby.held and len(calls) == 2
+    await standby.release()
 
 
 def _policy(tmp_path: Path, itpm: int) -> Path:
