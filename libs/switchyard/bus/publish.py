@@ -148,5 +148,7 @@ async def patiently(
             if not transient(exc) or time.monotonic() + delay > deadline:
                 raise
             failures += 1
-            log.info("bus.publish_retry", subject=what, error=repr(exc), delay=round(delay, 3))
+            # str(): nats-py's API errors say their codes there, not in their repr.
+            error = f"{type(exc).__name__}: {exc}"
+            log.info("bus.publish_retry", subject=what, error=error, delay=round(delay, 3))
             await asyncio.sleep(delay)
