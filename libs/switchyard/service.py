@@ -60,11 +60,7 @@ async def serve(name: str, settings: Settings, main: Main) -> None:
         finally:
             if not work.done():  # cancelled ourselves (the loop is closing): so is main
                 await _cancel(work, within=STRANDED_AFTER)
-            if bus.nc.is_connected:
-                await bus.close()
-            else:  # nothing to drain into: close without waiting for a server
-                with contextlib.suppress(Exception):
-                    await bus.nc.close()
+            await bus.close()  # no drain without a server: then it just closes
             log.info("service.stopped")
 
 

@@ -519,19 +519,17 @@ class Router:
         REQ message came again, the ack lost in a failover) or by one that died before
         acking it. It runs, or ran, once; if it ran, its result was published before this
         dispatch was registered and was not taken for it: read RES for it (else the result
-        is still to come, and is heard as usual)."""
+        is still to come, and is heard as usual). Every result read is taken as if heard,
+        as `_read_missed_results` does: one taken twice finds no `outstanding` entry."""
         window = streamread.Window(
             subject=subjects.res(req.workload, req.tenant), since=id_time(req.id) - CLOCK_SLACK
         )
         try:
             async for stored in streamread.read(self.bus.js, "RES", window):
+                self._take_result(stored.data, live=False)
                 if req.id not in self.outstanding:
-                    return  # heard meanwhile
-                with contextlib.suppress(DecodeError):
-                    if decode(stored.data, GenerateResult).request_id == req.id:
-                        self._take_result(stored.data, live=False)
-                        log.info("router.earlier_result_taken")
-                        return
+                    log.info("router.earlier_result_taken")
+                    return
         except Exception as exc:  # RES has no leader: the backstop forgets it in the end
             log.warning("router.earlier_result_unread", error=repr(exc))
 
