@@ -41,29 +41,30 @@ does not reach is written `(not reported)`.
 
 Measured with the sim engine's pseudo-tokenizer and 16-token KV blocks (what
 its prefix cache can serve, with unbounded cache), 20-step episode, 1280x720
-frames (1260x700 after `fit`, 1,127 tokens each), JSON actions
+frames (1280x704 after `fit` in the default profile's 32-px tokens, Qwen3-VL's: 880
+visual tokens each), a JSON action history, the default (compact) system prompt
 (`python -m switchyard.bench.layoutcost --write`; `tests/unit/test_agentprompt_layouts.py`
 recomputes this table):
 
 | layout | W | prompt tokens, mean / max | prefill per step, mean (min-max) | ideal hit rate |
 | --- | --- | --- | --- | --- |
-| pair | - | 2,578 / 2,870 | 2,297 (2,287-2,318) | 13.2 % |
-| single | - | 1,504 / 1,739 | 1,170 (1,159-1,195) | 22.7 % |
-| window | 4 | 3,217 / 5,142 | 1,187 (1,159-1,260) | 64.2 % |
-| window | 8 | 5,021 / 9,545 | 1,188 (1,159-1,340) | 77.2 % |
+| pair | - | 2,108 / 2,387 | 1,808 (1,793-1,834) | 16.4 % |
+| single | - | 1,266 / 1,501 | 926 (916-949) | 27.4 % |
+| window | 4 | 2,611 / 4,169 | 941 (916-1,006) | 65.1 % |
+| window | 8 | 4,024 / 7,592 | 943 (916-1,086) | 77.4 % |
 
 Prefill per step is over steps 1-19, hit rate = cached / prompt tokens over
 the same steps. `single` and `window` prefill the same (one new frame and a line
 of text; a window's compaction adds its actions' lines), half of `pair`: at the
-sim's A100 calibration (0.11 ms per uncached token) about 130 ms instead of 250.
+sim's A100 calibration (0.11 ms per uncached token) about 100 ms instead of 200.
 What `window` buys is context - the model sees up to W frames for the prefill of
 one - and what it pays is KV: a session holds its whole prompt, up to W frames.
 
 Geometry lives here too because both sides need it: the preprocessor resizes
 with `fit`, and whoever executes an action maps its coordinates back with
 `Geometry.to_original`. Both follow the pool's VLM profile
-(`switchyard.vlmgeometry`, `SY_AGENT_VLM`): its visual-token size (28 px for
-Qwen2.5-VL, which the table above assumes; 32 px for Qwen3-VL) and its
+(`switchyard.vlmgeometry`, `SY_AGENT_VLM`): its visual-token size (32 px for
+Qwen3-VL, the default, which the table above assumes; 28 px for Qwen2.5-VL) and its
 coordinate convention, which the system prompt states (`system_prompt`).
 """
 
@@ -80,7 +81,7 @@ from switchyard.agentactions import (
     map_points,
     parse_answer_text,
 )
-from switchyard.messages.agent import ActionFormat, AgentStep, parse_answer
+from switchyard.messages.agent import DEFAULT_ACTION_FORMAT, ActionFormat, AgentStep, parse_answer
 from switchyard.messages.inference import ChatMessage, FrameGeometry, Image, ImagePart, TextPart
 from switchyard.vlmgeometry import DEFAULT_VLM, PROFILES, RELATIVE_SCALE, VlmName, vlm_profile
 
@@ -93,6 +94,11 @@ LAYOUTS: tuple[AgentLayout, ...] = ("pair", "single", "window")
 # The most frames a window holds: GenerateRequest.images and the parts of one
 # message are capped to match (the bytes are checked by the preprocessor).
 MAX_WINDOW = 16
+# `window` by default: one frame prefilled per step and the most prefix reuse, the layout
+# that serves the most phones under 500 ms (README, "Agent steps"); `pair` and `single`
+# stay selectable (SY_AGENT_LAYOUT, per tenant SY_AGENT_TENANT_LAYOUTS).
+DEFAULT_LAYOUT: AgentLayout = "window"
+DEFAULT_WINDOW = 8  # frames (SY_AGENT_WINDOW): a vLLM worker must accept as many per prompt
 
 _SEES: dict[AgentLayout, str] = {
     "pair": "the previous and the current screenshot and the actions taken so far",
@@ -115,7 +121,9 @@ _COORDS = {
 
 
 def system_prompt(
-    layout: AgentLayout, action_format: ActionFormat = "json", vlm: VlmName = DEFAULT_VLM
+    layout: AgentLayout,
+    action_format: ActionFormat = DEFAULT_ACTION_FORMAT,
+    vlm: VlmName = DEFAULT_VLM,
 ) -> str:
     """What the model is told: what it sees (`layout`), how to answer (`action_format`,
     `agentactions.ANSWER_INSTRUCTIONS`; a grammar forces the same syntax) and in which
@@ -270,7 +278,10 @@ def _window_parts(step: AgentStep, frames: list[Image]) -> list[TextPart | Image
 
 
 def build_messages(
-    step: AgentStep, frames: list[Image], layout: AgentLayout = "pair", vlm: VlmName = DEFAULT_VLM
+    step: AgentStep,
+    frames: list[Image],
+    layout: AgentLayout = DEFAULT_LAYOUT,
+    vlm: VlmName = DEFAULT_VLM,
 ) -> list[ChatMessage]:
     """Messages for one step in `layout`; `frames` are the prepared frames, oldest first.
 

@@ -74,9 +74,9 @@ from typing import Literal, get_args
 VlmName = Literal["qwen2.5-vl", "qwen3-vl"]
 Coords = Literal["pixels", "relative-1000"]
 VLM_NAMES: tuple[VlmName, ...] = get_args(VlmName)
-# Today's geometry: the default keeps every existing deployment's behaviour (see
-# `PreprocessorSettings.agent_vlm`).
-DEFAULT_VLM: VlmName = "qwen2.5-vl"
+# The seeds' model, Qwen3-VL-8B: the profile under which the agent serves the most phones
+# (README, "Agent steps"); a Qwen2.5-VL pool sets SY_AGENT_VLM / SY_SIM_VLM=qwen2.5-vl.
+DEFAULT_VLM: VlmName = "qwen3-vl"
 # A relative coordinate's full scale: 0 is the top/left edge, RELATIVE_SCALE the bottom/right.
 RELATIVE_SCALE = 1000
 

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.preprocessor.layout import LayoutChoice, window_fits
-from switchyard.agentprompt import MAX_WINDOW, AgentLayout
+from switchyard.agentprompt import DEFAULT_LAYOUT, DEFAULT_WINDOW, MAX_WINDOW, AgentLayout
 from switchyard.config import Settings
 from switchyard.envelope import TenantId
 from switchyard.vlmgeometry import DEFAULT_VLM, VlmName
@@ -41,8 +41,8 @@ class PreprocessorSettings(Settings):
     max_pixels: int = Field(default=1280 * 720, ge=28 * 28)
     # The pool's VLM (`switchyard.vlmgeometry`): frames are resized to whole visual tokens
     # of its size, the prompt states its coordinates, and the worker maps them back with
-    # it. Qwen2.5-VL (28 px, resized-frame pixels) by default, as before profiles existed;
-    # a Qwen3-VL pool (the seeds' Qwen3-VL-8B: 32 px, relative 0-1000) sets qwen3-vl.
+    # it. Qwen3-VL (the seeds' Qwen3-VL-8B: 32 px, relative 0-1000) by default; a
+    # Qwen2.5-VL pool (28 px, resized-frame pixels) sets qwen2.5-vl.
     agent_vlm: VlmName = DEFAULT_VLM
     frame_format: Literal["jpeg", "png", "webp"] = "jpeg"
     # Prepared frames remembered by raw-bytes digest: a step's previous frame was
@@ -54,10 +54,10 @@ class PreprocessorSettings(Settings):
     allow_thought: bool = True
 
     # --- prompt layout (switchyard.agentprompt): the pool's, and tenants' own ---
-    agent_layout: AgentLayout = "pair"
+    agent_layout: AgentLayout = DEFAULT_LAYOUT
     # W: frames a `window` prompt holds before it compacts. A vLLM worker of the pool must
     # accept that many images per prompt (SY_VLLM_LIMIT_MM_PER_PROMPT='{"image": W}').
-    agent_window: int = Field(default=8, ge=1, le=MAX_WINDOW)
+    agent_window: int = Field(default=DEFAULT_WINDOW, ge=1, le=MAX_WINDOW)
     # Per tenant, e.g. SY_AGENT_TENANT_LAYOUTS='{"acme": {"layout": "window", "window": 4}}'.
     # Here and not in the router's tenant policy file: the preprocessor alone lays out
     # prompts, and whether a window fits a message depends on its frame settings.

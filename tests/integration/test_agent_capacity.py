@@ -22,7 +22,7 @@ SY = Path(sys.executable).with_name("sy")  # the venv's `sy`
 GROUPS = ("queueing", "prefill", "decode")
 CFG = AgentSimConfig(
     engine="sim", workers=2, steps=3, width=320, height=180, stale_after=30.0,
-    frame_pool=2, delay_scale=1.0,
+    frame_pool=2, delay_scale=1.0, action_format="json",  # the CLI run below: compact
 )  # fmt: skip
 SEARCH_KEYS = {
     "capacity_phones", "p50_ms", "p99_ms", "invalid_actions", "cut_answers", "limit",
@@ -78,7 +78,7 @@ def test_capacity_search_reports_modelled_latency_and_its_limit() -> None:
     assert out["capacity_phones"] == 2 and out["limit"] == "ladder"
     assert (out["invalid_actions"], out["cut_answers"]) == (0, 0)
     assert (out["layout"], out["action_format"], out["chunk"], out["act_ms"]) == (
-        "pair", "compact", 2, 20.0,
+        "window", "compact", 2, 20.0,  # the default layout: no --layout was given
     )  # fmt: skip
     assert out["calibration"] == "a100"  # read from the results, not from a flag
     (load,) = out["loads"]

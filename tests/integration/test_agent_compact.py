@@ -57,12 +57,17 @@ class Fleet:
 async def fleet(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet]:
     pool = f"cp{new_id().lower()[-8:]}"
     keys = write_keys(tmp_path_factory.mktemp("compact") / "keys.yaml", {KEY: {"tenant": TENANT}})
-    pre = PreprocessorSettings(nats_url=nats_url, agent_pool=pool, max_pixels=MAX_PIXELS)
+    # `single`: a step's prompt holds its own frame alone, so the test can ask the model
+    # the same prompt again (a `window` prompt holds the session's earlier frames too).
+    pre = PreprocessorSettings(
+        nats_url=nats_url, agent_pool=pool, max_pixels=MAX_PIXELS, agent_layout="single"
+    )
     bus = await connect(Settings(nats_url=nats_url), "pytest-agent-compact")
     try:
-        async with agent_fleet_with_edge(nats_url, pool, keys, engine="sim",
-                                         preprocessor={"max_pixels": MAX_PIXELS},
-                                         edge={}) as url:  # fmt: skip
+        async with agent_fleet_with_edge(
+            nats_url, pool, keys, engine="sim", edge={},
+            preprocessor={"max_pixels": MAX_PIXELS, "agent_layout": "single"},
+        ) as url:  # fmt: skip
             yield Fleet(bus, url, pre)
     finally:
         await bus.close()

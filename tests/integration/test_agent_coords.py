@@ -8,7 +8,7 @@ geometry: the sim engine decodes greedily from the prompt alone, so that gives
 the model's raw answer, and the served answer must be exactly its mapping.
 
 Every test runs for each VLM profile (`switchyard.vlmgeometry`): a Qwen2.5-VL pool
-(the default) as above, and a Qwen3-VL pool (`SY_AGENT_VLM=qwen3-vl`, its sim worker
+as above, and a Qwen3-VL pool (the default) (`SY_AGENT_VLM=qwen3-vl`, its sim worker
 `SY_SIM_VLM=qwen3-vl`), whose frames are resized to 32-px tokens (320x160), whose
 prompt asks for relative coordinates, and whose model answers 0-1000 on each axis:
 the worker maps those by the profile the request records, not by the frame's size.
@@ -68,14 +68,18 @@ async def fleet(
     vlm: VlmName = request.param
     pool = f"co{new_id().lower()[-8:]}"
     keys = write_keys(tmp_path_factory.mktemp("coords") / "keys.yaml", {KEY: {"tenant": TENANT}})
+    # `single`: a step's prompt holds its own frame alone, so `raw_answer` can ask the
+    # model the same prompt again (a `window` prompt holds the session's earlier frames).
     pre = PreprocessorSettings(
-        nats_url=nats_url, agent_pool=pool, max_pixels=MAX_PIXELS, agent_vlm=vlm
-    )
+        nats_url=nats_url, agent_pool=pool, max_pixels=MAX_PIXELS, agent_vlm=vlm,
+        agent_layout="single",
+    )  # fmt: skip
     bus = await connect(Settings(nats_url=nats_url), "pytest-agent-coords")
     try:
         async with agent_fleet_with_edge(
             nats_url, pool, keys, engine="sim", edge={},
-            preprocessor={"max_pixels": MAX_PIXELS, "agent_vlm": vlm}, worker={"sim_vlm": vlm},
+            preprocessor={"max_pixels": MAX_PIXELS, "agent_vlm": vlm, "agent_layout": "single"},
+            worker={"sim_vlm": vlm},
         ) as url:  # fmt: skip
             yield Fleet(bus, pool, url, pre, vlm)
     finally:

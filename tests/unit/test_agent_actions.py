@@ -247,7 +247,7 @@ def test_why_cut() -> None:
 
 
 def test_compact_answers_map_to_original_pixels_and_stay_compact() -> None:
-    g = Geometry(orig_width=1280, orig_height=720, width=308, height=168)
+    g = Geometry(orig_width=1280, orig_height=720, width=308, height=168, vlm="qwen2.5-vl")
     assert answer_to_original("click 154 84", g, "compact") == "click 642 362"
     out = answer_to_original("# close it\nswipe 0 0 307 167 300\nback\nlong_press 9999 5 800",
                              g, "compact")  # fmt: skip
@@ -262,7 +262,8 @@ def test_compact_answers_map_to_original_pixels_and_stay_compact() -> None:
 
 
 async def test_the_sim_engine_answers_valid_actions_with_their_token_count() -> None:
-    engine = SimEngine(SimSettings(delay_scale=0.0))
+    # A pixel-coordinate profile: its answers stay inside the 308 px frame.
+    engine = SimEngine(SimSettings(delay_scale=0.0, vlm="qwen2.5-vl"))
     await engine.start()
     try:
         frame = Image(hash="cd" * 16, data=b"x", mime="image/jpeg", width=308, height=168)

@@ -106,7 +106,7 @@ def test_search_ends_at_the_top_rung_or_below_the_first() -> None:
 
 
 def test_answers_map_to_original_pixels_in_both_shapes() -> None:
-    g = Geometry(orig_width=1280, orig_height=720, width=308, height=168)
+    g = Geometry(orig_width=1280, orig_height=720, width=308, height=168, vlm="qwen2.5-vl")
     bare = answer_to_original('{"type":"click","x":154,"y":84}', g)
     assert json.loads(bare) == {"type": "click", "x": 642, "y": 362}
     chunk = answer_to_original(
@@ -121,7 +121,7 @@ def test_answers_map_to_original_pixels_in_both_shapes() -> None:
     assert out["actions"][1] == {"type": "back"}
     assert out["actions"][2]["x"] == 1279  # off-screen model output lands on the edge
     assert answer_to_original('{"type":"click","x":', g) == '{"type":"click","x":'  # untouched
-    same = Geometry(orig_width=308, orig_height=168, width=308, height=168)
+    same = Geometry(orig_width=308, orig_height=168, width=308, height=168, vlm="qwen2.5-vl")
     assert json.loads(answer_to_original('{"type":"click","x":10,"y":20}', same))["x"] == 10
 
 

@@ -17,6 +17,7 @@ from switchyard.engines.sim import SimSettings
 from switchyard.engines.sim_tokens import render_prompt
 from switchyard.messages.agent import AgentStep, RawFrame, answer_schema, parse_answer
 from switchyard.messages.inference import Image
+from switchyard.vlmgeometry import vlm_profile
 
 LIMITS = FrameLimits(max_bytes=1024 * 1024, max_decode_pixels=2000 * 2000, max_pixels=640 * 360)
 
@@ -54,7 +55,8 @@ def test_resize_keeps_aspect_and_budget() -> None:
     frame = prepared(png(1920, 1080))
     g = frame.geometry
     assert g.width * g.height <= LIMITS.max_pixels
-    assert g.width % 28 == 0 and g.height % 28 == 0
+    patch = vlm_profile(g.vlm).patch_px
+    assert g.width % patch == 0 and g.height % patch == 0
     assert abs(g.width / g.height - 1920 / 1080) < 0.1
     assert frame.mime == "image/jpeg" and frame.data[:2] == b"\xff\xd8"
 
@@ -96,9 +98,9 @@ def test_resized_coordinates_map_back_to_the_same_place() -> None:
     rnd = random.Random(6)
     for _ in range(2000):
         w, h = rnd.randint(1, 4000), rnd.randint(1, 4000)
-        rw, rh = fit(w, h, 1280 * 720)
+        rw, rh = fit(w, h, 1280 * 720, 28)  # a pixel-coordinate profile's 28-px tokens
         assert rw * rh <= max(1280 * 720, 28 * 28 * 2) or min(w, h) < 28
-        g = Geometry(w, h, rw, rh)
+        g = Geometry(w, h, rw, rh, "qwen2.5-vl")
         x, y = rnd.randrange(rw), rnd.randrange(rh)
         ox, oy = g.to_original(x, y)
         assert 0 <= ox < w and 0 <= oy < h

@@ -75,7 +75,8 @@ def test_an_agent_step_carries_its_session_and_both_frames() -> None:
         "pool", deadline=2e9
     )
     assert (req.session, req.workload, len(req.images)) == ("s7", "agent", 2)
-    assert req.prompt_tokens > 2 * 1176  # two 1280x720 frames' visual tokens and the text
+    # Two 1280x720 frames' visual tokens (880 each in the default profile's) and the text.
+    assert req.prompt_tokens > 2 * 880
 
 
 def _outcome(worker: str, prompt: int, cached: int, queue: float, busy: float) -> Outcome:

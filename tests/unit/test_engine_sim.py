@@ -10,7 +10,6 @@ import asyncio
 import hashlib
 import json
 import random
-import statistics
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -182,7 +181,7 @@ async def test_context_overflow_is_context_length() -> None:
 
 
 async def test_images_expand_by_qwen_patching_and_keep_their_tokens() -> None:
-    async with sim() as engine:
+    async with sim(vlm="qwen2.5-vl") as engine:  # 28-px tokens
         one = engine.prompt_tokens(step("a", [frame(1)], "x"))
         none = engine.prompt_tokens(step("b", [], "x"))
         # 448 * 448 / (28 * 28) = 256 visual tokens plus the start/end markers.
@@ -372,8 +371,11 @@ async def test_defaults_reproduce_the_a100_calibration_point() -> None:
         assert t.prefill == pytest.approx(step)  # one step: 50 sequences + its 300 tokens
         assert 0 <= t.ttft - t.prefill <= engine.tpot(50) + 1e-9  # the alignment
         assert t.tpot == pytest.approx(engine.tpot(50))  # its later steps carry no prefill
-    ttft = statistics.mean(t.ttft for t in probes if t and t.ttft)
-    assert ttft == pytest.approx(0.058, rel=0.10)
+    # The calibration point: its prefill step plus, on average, half a decode step of
+    # waiting for that step to start. Computed from the engine's model, not from the
+    # probes' mean alignment: that one is the wall clock's, and on a loaded machine a
+    # late engine takes most arrivals at a step's end (a mean of ~52 ms was seen).
+    assert step + engine.tpot(50) / 2 == pytest.approx(0.058, rel=0.10)
 
 
 async def test_prefill_is_chunked_under_the_step_budget() -> None:

@@ -88,6 +88,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 import switchyard.engines.vllm as vllm_module
 from switchyard.agentactions import answer_regex
+from switchyard.agentprompt import DEFAULT_WINDOW
 from switchyard.engines.base import Delta, Engine, EngineDead, EngineError, EngineRequest
 from switchyard.engines.sim_output import sim_answer
 from switchyard.engines.vllm import (
@@ -898,7 +899,9 @@ def test_max_lora_rank_must_be_one_vllm_accepts() -> None:
 
 def test_no_video_by_default_and_cpu_friendly_switches() -> None:
     kw = engine_args_kwargs(VllmSettings())
-    assert kw["limit_mm_per_prompt"] == {"image": 2, "video": 0}
+    # As many frames as the preprocessor's default window holds.
+    assert kw["limit_mm_per_prompt"] == {"image": DEFAULT_WINDOW, "video": 0}
+    assert DEFAULT_WINDOW == 8
     assert kw["enforce_eager"] is False and "block_size" not in kw
     kw = engine_args_kwargs(VllmSettings(enforce_eager=True, block_size=32))
     assert kw["enforce_eager"] is True and kw["block_size"] == 32

@@ -61,7 +61,7 @@ def test_the_profiles_say_what_the_models_do() -> None:
     assert (q3.patch_px, q3.coords) == (16 * 2, "relative-1000")  # patch 16, merged 2x2
     assert (q25.default_min_pixels, q25.default_max_pixels) == (56 * 56, 12_845_056)
     assert (q3.default_min_pixels, q3.default_max_pixels) == (256 * 256, 4096 * 4096)
-    assert DEFAULT_VLM == "qwen2.5-vl"  # today's behaviour unless a pool says otherwise
+    assert DEFAULT_VLM == "qwen3-vl"  # the seeds' Qwen3-VL-8B unless a pool says otherwise
     assert set(VLM_NAMES) == set(PROFILES)
     with pytest.raises(ValueError, match=r"qwen2\.5-vl, qwen3-vl"):
         vlm_profile("llava")
@@ -140,8 +140,8 @@ def test_relative_coordinates_map_to_the_original_pixel_under_them() -> None:
 
 
 def test_pixel_coordinates_still_map_by_the_resized_frame() -> None:
-    g = Geometry(1280, 720, 308, 168)  # the default profile
-    assert g.vlm == "qwen2.5-vl"
+    g = Geometry(1280, 720, 308, 168, "qwen2.5-vl")
+    assert Geometry(1280, 720, 308, 168).vlm == DEFAULT_VLM == "qwen3-vl"
     assert g.to_original(154, 84) == (642, 362)
     assert g.to_original(0, 0) == (2, 2) and g.to_original(307, 167) == (1277, 717)
     # The same numbers read as relative land elsewhere: the profile decides.
@@ -193,13 +193,13 @@ def test_the_grammar_admits_the_whole_relative_range(fmt: str, text: str) -> Non
 
 @pytest.mark.parametrize("layout", ["pair", "single", "window"])
 def test_the_system_prompt_states_the_profiles_coordinates(layout: str) -> None:
-    pixels = system_prompt(layout, "compact")  # type: ignore[arg-type]
-    relative = system_prompt(layout, "compact", "qwen3-vl")  # type: ignore[arg-type]
+    pixels = system_prompt(layout, "compact", "qwen2.5-vl")  # type: ignore[arg-type]
+    relative = system_prompt(layout, "compact")  # type: ignore[arg-type]
     assert "Coordinates are pixels of the current screenshot, origin top left." in pixels
     assert "relative, 0-1000" in relative and "origin top left" in relative
     assert "pixels of the current screenshot" not in relative
-    # The default profile's prompts are the ones the agent prompt has always carried.
-    assert system_prompt(layout) == SYSTEM_PROMPTS[layout]  # type: ignore[arg-type]
+    # The defaults' prompts (compact answers, the default profile's coordinates).
+    assert system_prompt(layout) == SYSTEM_PROMPTS[layout] == relative  # type: ignore[arg-type]
 
 
 # -- the preprocessor --------------------------------------------------------------------
@@ -212,10 +212,10 @@ def png(w: int, h: int) -> bytes:
 
 
 def test_the_setting_picks_the_profile(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert PreprocessorSettings().agent_vlm == "qwen2.5-vl"
-    monkeypatch.setenv("SY_AGENT_VLM", "qwen3-vl")
     assert PreprocessorSettings().agent_vlm == "qwen3-vl"
-    assert limits_from(PreprocessorSettings()).vlm == "qwen3-vl"
+    monkeypatch.setenv("SY_AGENT_VLM", "qwen2.5-vl")
+    assert PreprocessorSettings().agent_vlm == "qwen2.5-vl"
+    assert limits_from(PreprocessorSettings()).vlm == "qwen2.5-vl"
     monkeypatch.setenv("SY_AGENT_VLM", "qwen4-vl")
     with pytest.raises(ValueError, match="agent_vlm"):
         PreprocessorSettings()
@@ -230,7 +230,7 @@ def test_a_qwen3_step_is_resized_prompted_estimated_and_recorded_for_qwen3() -> 
         tenant="t", session="s", step=0, frame_ts=0.0, goal="play",
         frames=[RawFrame(data=b"x")], options=StepOptions(action_format="compact"),
     )  # fmt: skip
-    q3 = to_generate(step, [frame], PreprocessorSettings(agent_vlm="qwen3-vl"))
+    q3 = to_generate(step, [frame], PreprocessorSettings())  # the default profile
     assert q3.frame_geometry == FrameGeometry(
         orig_width=720, orig_height=1280, width=704, height=1280, vlm="qwen3-vl"
     )
@@ -239,8 +239,10 @@ def test_a_qwen3_step_is_resized_prompted_estimated_and_recorded_for_qwen3() -> 
     # Its frame costs 22 x 40 = 880 tokens of 32 px (26 x 46 = 1,196 counted in 28-px ones).
     assert q3.messages is not None
     assert q3.prompt_tokens == estimate_prompt_tokens(q3.messages, q3.images, "qwen3-vl")
-    assert q3.prompt_tokens - estimate_prompt_tokens(q3.messages, q3.images) == 880 - 1196
-    q25 = to_generate(step, [frame], PreprocessorSettings())
+    assert q3.prompt_tokens - estimate_prompt_tokens(q3.messages, q3.images, "qwen2.5-vl") == (
+        880 - 1196
+    )
+    q25 = to_generate(step, [frame], PreprocessorSettings(agent_vlm="qwen2.5-vl"))
     assert q25.frame_geometry is not None and q25.frame_geometry.vlm == "qwen2.5-vl"
 
 
@@ -248,9 +250,10 @@ def test_a_qwen3_step_is_resized_prompted_estimated_and_recorded_for_qwen3() -> 
 
 
 def test_the_sim_simulates_the_profile() -> None:
-    assert (SimSettings().image_patch_px, SimSettings().image_min_pixels) == (28, 4 * 28 * 28)
-    q3 = SimSettings(vlm="qwen3-vl")
-    assert (q3.image_patch_px, q3.image_min_pixels) == (32, 65_536)
+    q25 = SimSettings(vlm="qwen2.5-vl")
+    assert (q25.image_patch_px, q25.image_min_pixels) == (28, 4 * 28 * 28)
+    q3 = SimSettings()  # the default profile
+    assert (q3.vlm, q3.image_patch_px, q3.image_min_pixels) == ("qwen3-vl", 32, 65_536)
     assert q3.image_max_pixels == SimSettings().image_max_pixels  # the engine's cap
     assert SimSettings(vlm="qwen3-vl", image_patch_px=28).image_patch_px == 28  # explicit wins
 
@@ -290,9 +293,10 @@ async def test_the_sim_engine_counts_and_answers_as_its_profile() -> None:
 def test_agent_sim_counts_its_profiles_tokens() -> None:
     with pytest.raises(AgentSimConfigError, match="vlm"):
         AgentSimConfig(vlm="llava")  # type: ignore[arg-type]
-    q3 = _PrefixModel(AgentSimConfig(vlm="qwen3-vl", width=720, height=1280))
+    q3 = _PrefixModel(AgentSimConfig(width=720, height=1280))  # the default profile
     assert q3.size == (704, 1280) and q3.sim.image_patch_px == 32
-    assert _PrefixModel(AgentSimConfig(width=720, height=1280)).size == (700, 1260)
+    q25 = AgentSimConfig(vlm="qwen2.5-vl", width=720, height=1280)
+    assert _PrefixModel(q25).size == (700, 1260)
     step = AgentStep(tenant="t", session="s", step=0, frame_ts=0.0, frames=[RawFrame(data=b"x")])
     assert sum(t.startswith("<img:") for t in q3.tokens(step, 0)) == 880
     assert "relative" in "".join(q3.tokens(step, 0))
@@ -302,6 +306,6 @@ def test_the_routers_estimate_weighs_frames_by_the_profile() -> None:
     frame = Image(hash="ef" * 16, data=b"", mime="image/jpeg", width=704, height=1280)
     step = AgentStep(tenant="t", session="s", step=0, frame_ts=0.0, frames=[RawFrame(data=b"x")])
     messages = build_messages(step, [frame], "single", "qwen3-vl")
-    q25 = prefix_blocks("salt", messages, None, [frame])
-    q3 = prefix_blocks("salt", messages, None, [frame], vlm_profile("qwen3-vl").patch_px)
+    q25 = prefix_blocks("salt", messages, None, [frame], vlm_profile("qwen2.5-vl").patch_px)
+    q3 = prefix_blocks("salt", messages, None, [frame])  # the default profile
     assert q25[-1].tokens - q3[-1].tokens == visual_tokens(704, 1280, 28) - 880

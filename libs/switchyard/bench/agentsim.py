@@ -81,7 +81,14 @@ from switchyard.agentactions import (
     encode_answer,
     parse_answer_text,
 )
-from switchyard.agentprompt import MAX_WINDOW, AgentLayout, build_messages, fit
+from switchyard.agentprompt import (
+    DEFAULT_LAYOUT,
+    DEFAULT_WINDOW,
+    MAX_WINDOW,
+    AgentLayout,
+    build_messages,
+    fit,
+)
 from switchyard.bench.layoutcost import frame_steps
 from switchyard.bench.phoneframes import draw_frame
 from switchyard.bench.stats import percentile
@@ -98,6 +105,7 @@ from switchyard.fleet import UNMETERED, FleetSpec, Pool, env_of, launch
 from switchyard.fleet.spec import Engine
 from switchyard.ids import new_id
 from switchyard.messages.agent import (
+    DEFAULT_ACTION_FORMAT,
     MAX_CHUNK,
     Action,
     ActionFormat,
@@ -145,9 +153,9 @@ class AgentSimConfig:
     frame_cache: int = 256  # the started preprocessor's prepared-frame cache (SY_FRAME_CACHE)
     stagger_s: float = 0.0  # phones start spread over this many wall seconds (no lockstep)
     # The preprocessor's prompt layout and window (set on the fleet this tool starts).
-    layout: AgentLayout = "pair"
-    window: int = 8
-    action_format: ActionFormat = "json"
+    layout: AgentLayout = DEFAULT_LAYOUT
+    window: int = DEFAULT_WINDOW
+    action_format: ActionFormat = DEFAULT_ACTION_FORMAT
     gpu: SimGpu | None = None  # the sim workers' calibration preset; None = the sim's default
     chunk: int = 1  # actions per answer (StepOptions.chunk)
     act_ms: float = 0.0  # modelled ms one action takes on the phone

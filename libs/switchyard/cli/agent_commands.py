@@ -11,6 +11,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+# The option defaults are the fleet's (the best measured: README, "Agent steps").
+from switchyard.agentprompt import DEFAULT_LAYOUT, DEFAULT_WINDOW, MAX_WINDOW
+from switchyard.messages.agent import DEFAULT_ACTION_FORMAT
+from switchyard.vlmgeometry import DEFAULT_VLM
+
 if TYPE_CHECKING:
     from switchyard.bench.agentsearch import CapacityReport
 
@@ -44,18 +49,22 @@ def agent_sim(
         None, min=8, max=512, help="default: what the action format and chunk need"
     ),
     vlm: str = typer.Option(
-        "qwen2.5-vl",
-        help="VLM profile qwen2.5-vl|qwen3-vl: visual-token size and answer coordinates "
+        DEFAULT_VLM,
+        help="VLM profile qwen3-vl|qwen2.5-vl: visual-token size and answer coordinates "
         "(the started preprocessor's SY_AGENT_VLM and sim workers' SY_SIM_VLM; with "
         "--nats, the running fleet's)",
     ),
     layout: str = typer.Option(
-        "pair",
-        help="prompt layout pair|single|window (the started preprocessor's; with "
+        DEFAULT_LAYOUT,
+        help="prompt layout window|single|pair (the started preprocessor's; with "
         "--nats, the running fleet's)",
     ),
-    window: int = typer.Option(8, min=1, max=16, help="--layout window: frames per window"),
-    action_format: str = typer.Option("json", help="answers as json or compact lines"),
+    window: int = typer.Option(
+        DEFAULT_WINDOW, min=1, max=MAX_WINDOW, help="--layout window: frames per window"
+    ),
+    action_format: str = typer.Option(
+        DEFAULT_ACTION_FORMAT, help="answers as compact lines or json"
+    ),
     gpu: str | None = typer.Option(
         None, help="sim calibration a100|h100|rtx5090 of the started workers (SY_SIM_GPU)"
     ),

@@ -35,6 +35,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from switchyard.agentactions import answer_regex
+from switchyard.agentprompt import DEFAULT_WINDOW
 from switchyard.config import SectionSettings
 from switchyard.engines.base import (
     Capabilities,
@@ -79,9 +80,10 @@ class VllmSettings(SectionSettings):
     max_num_batched_tokens: int | None = Field(default=8192, ge=1)
     gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
     max_model_len: int = Field(default=32_768, ge=16)
-    # Two frames per agent step, and no video: a profile run reserves encoder memory for
-    # every modality the model accepts unless told it gets none.
-    limit_mm_per_prompt: dict[str, int] = {"image": 2, "video": 0}
+    # The frames of an agent step's prompt in the preprocessor's default layout (`window`
+    # of DEFAULT_WINDOW; `pair` needs 2), and no video: a profile run reserves encoder
+    # memory for every modality the model accepts unless told it gets none.
+    limit_mm_per_prompt: dict[str, int] = {"image": DEFAULT_WINDOW, "video": 0}
     # Qwen-VL resizes frames to at most this many pixels (1280 visual tokens).
     max_pixels: int | None = Field(default=1280 * 28 * 28, ge=28 * 28)
     enable_lora: bool = False

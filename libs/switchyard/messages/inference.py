@@ -19,7 +19,7 @@ from switchyard.envelope import (
 )
 from switchyard.errors import ErrorCode
 from switchyard.messages.agent import MAX_CHUNK, ActionFormat
-from switchyard.vlmgeometry import DEFAULT_VLM, VlmName
+from switchyard.vlmgeometry import VlmName
 
 Workload = Literal["agent", "sql", "llm"]
 # A client clock further off than a day is broken, not skewed: offsets are clamped to it.
@@ -150,8 +150,9 @@ class FrameGeometry(Model):
     orig_height: int = Field(ge=1, le=16384)
     width: int = Field(ge=1, le=16384)
     height: int = Field(ge=1, le=16384)
-    # Absent in messages from before profiles: those were all Qwen2.5-VL's pixels.
-    vlm: VlmName = DEFAULT_VLM
+    # Absent in messages from before profiles: those were all Qwen2.5-VL's pixels (so not
+    # DEFAULT_VLM: a replayed old step must map its answer as it was mapped then).
+    vlm: VlmName = "qwen2.5-vl"
 
 
 class GenerateRequest(Envelope):
