@@ -13,10 +13,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from switchyard import subjects
-from switchyard.bus.topology import ConsumerSpec, Topology
+from switchyard.bus.topology import (
+    ASSIGNMENTS_BUCKET,
+    IDEMPOTENCY_BUCKET,
+    ROUTER_BUCKET,
+    ROUTER_DURABLE,
+    SESSIONS_BUCKET,
+    TENANTS_BUCKET,
+    WINDOWS_BUCKET,
+    WORKERS_BUCKET,
+    ConsumerSpec,
+    Topology,
+)
 
 Service = Literal[
     "edge", "preprocessor", "router", "worker", "sqlflow", "validator", "executor", "auditor"
@@ -56,7 +67,13 @@ class Read:
 
 
 def _kv(bucket: str) -> str:
+    """Every key of a KV bucket, as its writers publish them."""
     return f"$KV.{bucket}.>"
+
+
+def _kvs(bucket: str) -> str:
+    """The stream that keeps a KV bucket."""
+    return f"KV_{bucket}"
 
 
 FLOWS: tuple[Flow, ...] = (
@@ -89,20 +106,20 @@ FLOWS: tuple[Flow, ...] = (
     Flow("sqlValidate", subjects.SQL_VALIDATE, ("sqlflow",), ("validator",), replies=True),
     Flow("sqlExecute", subjects.SQL_EXECUTE, ("sqlflow",), ("executor",), replies=True),
     Flow("sqlExplain", subjects.SQL_EXPLAIN, ("sqlflow",), ("executor",), replies=True),
-    Flow("fleetWorkers", _kv("fleet_workers"), ("worker",)),
-    Flow("fleetAssignments", _kv("fleet_assignments"), ("router",)),
-    Flow("fleetSessions", _kv("fleet_sessions"), ("router",)),
-    Flow("fleetTenants", _kv("fleet_tenants"), ("router",)),
-    Flow("fleetRouter", _kv("fleet_router"), ("router",)),
-    Flow("idempotency", _kv("idempotency"), ("edge",)),
-    Flow("agentWindows", _kv("agent_windows"), ("preprocessor",)),
+    Flow("fleetWorkers", _kv(WORKERS_BUCKET), ("worker",)),
+    Flow("fleetAssignments", _kv(ASSIGNMENTS_BUCKET), ("router",)),
+    Flow("fleetSessions", _kv(SESSIONS_BUCKET), ("router",)),
+    Flow("fleetTenants", _kv(TENANTS_BUCKET), ("router",)),
+    Flow("fleetRouter", _kv(ROUTER_BUCKET), ("router",)),
+    Flow("idempotency", _kv(IDEMPOTENCY_BUCKET), ("edge",)),
+    Flow("agentWindows", _kv(WINDOWS_BUCKET), ("preprocessor",)),
 )  # fmt: skip
 
 PULLS: tuple[Pull, ...] = (
     Pull("preprocessor", "INGRESS", "preprocessor-chat"),
     Pull("preprocessor", "INGRESS", "preprocessor-agent"),
     Pull("sqlflow", "INGRESS", "sqlflow"),
-    Pull("router", "REQ", "router"),
+    Pull("router", "REQ", ROUTER_DURABLE),
     Pull("worker", "WORK", "*"),
     Pull("auditor", "AUDIT", "auditor"),
 )
@@ -113,24 +130,22 @@ READS: tuple[Read, ...] = (
     Read("edge", "REQ", ("info",)),
     Read("edge", "WORK", ("info",)),
     Read("edge", "RES", ("info", "watch")),
-    Read("edge", "KV_idempotency", KV_READ),
-    Read("edge", "KV_fleet_workers", KV_READ),  # /readyz and the console: listed by `kv_keys`
-    Read("edge", "KV_fleet_tenants", KV_READ),
-    Read("preprocessor", "KV_agent_windows", KV_READ),
+    Read("edge", _kvs(IDEMPOTENCY_BUCKET), KV_READ),
+    Read("edge", _kvs(WORKERS_BUCKET), KV_READ),  # /readyz and the console: listed by `kv_keys`
+    Read("edge", _kvs(TENANTS_BUCKET), KV_READ),
+    Read("preprocessor", _kvs(WINDOWS_BUCKET), KV_READ),
     # Results published while its connection was down, and a redelivered dispatch's.
     Read("router", "RES", ("info", "watch")),
-    Read("router", "KV_fleet_workers", KV_READ),
-    Read("router", "KV_fleet_assignments", KV_READ),
-    Read("router", "KV_fleet_tenants", KV_READ),  # usage, resumed on taking over the lease
-    Read("router", "KV_fleet_sessions", (*KV_READ, "watch")),  # services/router/sessions.py
-    Read("router", "KV_fleet_router", KV_READ),
-    Read("worker", "KV_fleet_workers", KV_READ),
-    Read("worker", "KV_fleet_assignments", (*KV_READ, "watch")),  # in `kv` ownership mode
+    Read("router", _kvs(WORKERS_BUCKET), KV_READ),
+    Read("router", _kvs(ASSIGNMENTS_BUCKET), KV_READ),
+    Read("router", _kvs(TENANTS_BUCKET), KV_READ),  # usage, resumed on taking over the lease
+    Read("router", _kvs(SESSIONS_BUCKET), (*KV_READ, "watch")),  # services/router/sessions.py
+    Read("router", _kvs(ROUTER_BUCKET), KV_READ),
+    Read("worker", _kvs(WORKERS_BUCKET), KV_READ),
+    Read("worker", _kvs(ASSIGNMENTS_BUCKET), (*KV_READ, "watch")),  # in `kv` ownership mode
 )
 
-SERVICES: tuple[Service, ...] = (
-    "edge", "preprocessor", "router", "worker", "sqlflow", "validator", "executor", "auditor"
-)  # fmt: skip
+SERVICES: tuple[Service, ...] = get_args(Service)
 
 
 def overlaps(a: str, b: str) -> bool:
@@ -153,7 +168,7 @@ def inbox(service: Service) -> str:
 def stored_in(topology: Topology) -> dict[str, tuple[str, ...]]:
     """Stream name -> its subjects, KV buckets' streams included."""
     streams = {s.name: s.subjects for s in topology.streams}
-    return streams | {f"KV_{b.name}": (_kv(b.name),) for b in topology.buckets}
+    return streams | {_kvs(b.name): (_kv(b.name),) for b in topology.buckets}
 
 
 def senders(channel: str) -> tuple[Actor, ...]:
