@@ -27,6 +27,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.edge.console import read_tenants, read_workers
 from services.edge.idempotency import Idempotency
 from services.edge.routes.ops import readiness
 from services.preprocessor.window import WindowStore
@@ -557,8 +558,9 @@ async def test_the_router_reads_results_back_from_res(clients: dict[str, UserCon
 async def test_fleet_state_is_read_as_each_service_reads_it(
     clients: dict[str, UserConn],
 ) -> None:
-    """Heartbeats listed and read by key (the router's fleet, the edge's /readyz), and the
-    worker's watch of its pool's assignments, each as its own user."""
+    """Heartbeats and usage listed and read by key (the router's fleet, the edge's /readyz
+    and console), and the worker's watch of its pool's assignments, each as its own user:
+    none of them watches a bucket but the worker."""
     worker, router, edge = clients["worker"], clients["router"], clients["edge"]
     for c in (worker, router, edge):
         c.violations.clear()
@@ -568,8 +570,11 @@ async def test_fleet_state_is_read_as_each_service_reads_it(
     await fleet.open()
     await fleet.refresh_workers()  # (the probe value is no heartbeat: logged, skipped)
     assert "conf-gpu0" in await kv_keys(worker.nc.jetstream(), WORKERS_BUCKET)
-    checks = await readiness(Bus(nc=edge.nc, js=edge.nc.jetstream(), settings=Settings()), "llm")
+    edge_bus = Bus(nc=edge.nc, js=edge.nc.jetstream(), settings=Settings())
+    checks = await readiness(edge_bus, "llm")
     assert checks["streams"] is True and "error" not in checks, checks
+    await read_workers(edge_bus, time.time())  # the console's fleet page
+    await read_tenants(edge_bus, None)
     assignments = await worker.nc.jetstream().key_value(ASSIGNMENTS_BUCKET)
     watcher = await assignments.watch("agent.>")
     await watcher.stop()  # type: ignore[no-untyped-call]
