@@ -1,7 +1,8 @@
 """`proto/`: JSON Schemas of every message model and an AsyncAPI 3 document of every subject.
 
 Generated from the code (`sy proto --write`); `sy proto --check` and a test fail
-when the committed files drift from the models or the topology.
+when the committed files drift from the models, the topology or who sends and receives
+each subject (`switchyard.bus.ownership`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from switchyard.bus.ownership import receivers, senders
 from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.messages.agent import AgentStep
 from switchyard.messages.agentwindow import WindowFrame
@@ -81,76 +83,68 @@ class Channel:
     messages: tuple[type[BaseModel], ...]
     description: str
     transport: str  # which stream stores it, or "core NATS"
-    sent_by: tuple[str, ...]
-    received_by: tuple[str, ...]
 
 
 CHANNELS: tuple[Channel, ...] = (
     Channel("agentIn", "agent.in.{tenant}", (AgentStep,), "Agent steps from cloud phones.",
-            "stream INGRESS", ("edge", "client"), ("preprocessor",)),
+            "stream INGRESS"),
     Channel("sqlIn", "sql.in.{tenant}", (SqlAsk,), "Questions for Text2SQL.",
-            "stream INGRESS", ("edge", "client"), ("sqlflow",)),
+            "stream INGRESS"),
     Channel("llmIn", "llm.in.{tenant}", (ChatRequest,), "OpenAI-style chat requests.",
-            "stream INGRESS", ("client",), ("preprocessor",)),
+            "stream INGRESS"),
     Channel("llmEdge", "llm.edge.{tenant}", (ChatRequest,),
             "The record of a chat the edge prepared and sent to req.llm itself, kept for "
             "replay and trace; nothing consumes it (sy replay sends it on llm.in).",
-            "stream INGRESS", ("edge",), ()),
+            "stream INGRESS"),
     Channel("req", "req.{workload}.{tenant}", (GenerateRequest,),
             "Prepared inference requests the router schedules.",
-            "stream REQ", ("edge", "preprocessor", "sqlflow"), ("router",)),
+            "stream REQ"),
     Channel("work", "work.{pool}.p{partition}", (GenerateRequest,),
             "Dispatched work for the worker owning the partition.",
-            "stream WORK", ("router",), ("worker",)),
+            "stream WORK"),
     Channel("res", "res.{workload}.{tenant}", (GenerateResult, SqlAnswer),
             "Final results: of inference requests, and (sql.answer) of questions.",
-            "stream RES", ("router", "worker", "sqlflow"), ("edge", "sqlflow", "replay")),
+            "stream RES"),
     Channel("audit", "audit.{kind}.{tenant}", (AuditEvent,), "Audited decisions.",
-            "stream AUDIT", ("sqlflow", "validator", "executor", "edge"), ("auditor",)),
+            "stream AUDIT"),
     Channel("deadLetter", "dlq.{subject}", (DeadLetter,),
-            "Messages given up on, with the reason.", "stream DLQ",
-            ("any consumer",), ("operator",)),
+            "Messages given up on, with the reason.", "stream DLQ"),
     Channel("replyInbox", "{inbox}", (TokenFrame,),
             "Token stream of one request: ordered frames ending with one end or error frame.",
-            "core NATS", ("worker", "router"), ("edge", "client")),
+            "core NATS"),
     Channel("sqlReplyInbox", "{inbox}", (StageEvent, SqlAnswer),
             "Stages of one question as they happen, ending with its answer.",
-            "core NATS", ("sqlflow",), ("edge", "client")),
+            "core NATS"),
     Channel("cancel", "cancel.{requestId}", (Cancel,), "Cancel a queued or running request.",
-            "core NATS", ("edge", "client"), ("router", "worker")),
+            "core NATS"),
     Channel("supersede", "supersede.{tenant}", (NewestStep,),
             "A session's newest admitted agent step: older steps not yet started are "
-            "answered superseded.", "core NATS", ("router",), ("router", "worker")),
+            "answered superseded.", "core NATS"),
     Channel("sqlValidate", "svc.sql.validate", (ValidateRequest, ValidateReply, ErrorInfo),
-            "Request/reply: validate SQL for a tenant.", "core NATS",
-            ("sqlflow",), ("validator",)),
+            "Request/reply: validate SQL for a tenant.", "core NATS"),
     Channel("sqlExecute", "svc.sql.execute", (ExecuteRequest, ExecuteReply, ErrorInfo),
-            "Request/reply: run signed canonical SQL.", "core NATS", ("sqlflow",), ("executor",)),
+            "Request/reply: run signed canonical SQL.", "core NATS"),
     Channel("sqlExplain", "svc.sql.explain", (ExecuteRequest, ExecuteReply, ErrorInfo),
-            "Request/reply: EXPLAIN signed canonical SQL.", "core NATS",
-            ("sqlflow",), ("executor",)),
+            "Request/reply: EXPLAIN signed canonical SQL.", "core NATS"),
     Channel("fleetWorkers", "$KV.fleet_workers.{worker}", (WorkerHeartbeat,),
-            "Worker heartbeats (KV with TTL).", "KV fleet_workers",
-            ("worker",), ("router", "edge")),
+            "Worker heartbeats (KV with TTL).", "KV fleet_workers"),
     Channel("fleetAssignments", "$KV.fleet_assignments.{pool}.p{partition}", (Assignment,),
-            "Partition ownership (KV, compare-and-set).", "KV fleet_assignments",
-            ("router",), ("worker",)),
+            "Partition ownership (KV, compare-and-set).", "KV fleet_assignments"),
     Channel("fleetSessions", "$KV.fleet_sessions.{pool}.{tenant}.{session}", (SessionRoute,),
             "Session -> worker, written by routers with create/compare-and-set (KV with TTL).",
-            "KV fleet_sessions", ("router",), ("router",)),
+            "KV fleet_sessions"),
     Channel("fleetTenants", "$KV.fleet_tenants.{tenant}.{router}", (TenantStatus,),
             "Each tenant's usage at the admitting router, every second (KV with TTL); a router "
-            "taking over the lease starts from it.", "KV fleet_tenants",
-            ("router",), ("edge", "router")),
+            "taking over the lease starts from it.", "KV fleet_tenants"),
     Channel("fleetRouter", "$KV.fleet_router.pools.{pools}", (RouterLease,),
             "The lease of the one router that admits for these pools (KV, create and "
-            "compare-and-set, TTL = the lease).", "KV fleet_router", ("router",), ("router",)),
+            "compare-and-set, TTL = the lease).", "KV fleet_router"),
     Channel("idempotency", "$KV.idempotency.{tenant}.{keyHash}", (Claim,),
             "Idempotency-Key -> the request that owns it and, once done, its result (KV, create).",
-            "KV idempotency", ("edge",), ("edge",)),
+            "KV idempotency"),
     Channel("agentWindows", "$KV.agent_windows.{pool}.{tenant}.{session}.{step}", (WindowFrame,),
             "An agent session's window frames, one per step, for the window layout (KV with TTL).",
-            "KV agent_windows", ("preprocessor",), ("preprocessor",)),
+            "KV agent_windows"),
 )  # fmt: skip
 
 
@@ -174,7 +168,8 @@ def asyncapi() -> dict[str, Any]:
             },
             **({"parameters": params} if params else {}),
         }
-        for role, services in (("send", ch.sent_by), ("receive", ch.received_by)):
+        sides = (("send", senders(ch.name)), ("receive", receivers(ch.name, topo)))
+        for role, services in sides:
             if not services:
                 continue  # a record no service reads (`llmEdge`)
             operations[f"{role}{ch.name[0].upper()}{ch.name[1:]}"] = {

@@ -17,6 +17,7 @@ import json
 import os
 import ssl
 import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,14 +27,25 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from services.edge.console import read_tenants, read_workers
 from services.edge.idempotency import Idempotency
+from services.edge.routes.ops import readiness
 from services.preprocessor.window import WindowStore
+from services.router.fleet import Fleet
 from services.router.leadership import Lease
 from switchyard.answers import result_for
+from switchyard.bus import streamread
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.kvkeys import kv_keys
 from switchyard.bus.provision import provision
-from switchyard.bus.topology import TENANTS_BUCKET, TopologySettings, build_topology
+from switchyard.bus.streamread import Window
+from switchyard.bus.topology import (
+    ASSIGNMENTS_BUCKET,
+    TENANTS_BUCKET,
+    WORKERS_BUCKET,
+    TopologySettings,
+    build_topology,
+)
 from switchyard.codec import encode
 from switchyard.config import Settings
 from switchyard.identity import Identity
@@ -42,7 +54,9 @@ from switchyard.messages.inference import (
     ChatMessage,
     FrameGeometry,
     GenerateRequest,
+    GenerateResult,
     Image,
+    Workload,
 )
 from switchyard.natsserver import binary
 from switchyard.pki import LocalCA
@@ -228,7 +242,6 @@ PUBLISH: dict[str, tuple[list[str], list[str]]] = {
         [
             "agent.in.acme",
             "sql.in.acme",
-            "llm.in.acme",
             "req.llm.acme",
             "llm.edge.acme",
             "cancel.r1",
@@ -239,6 +252,7 @@ PUBLISH: dict[str, tuple[list[str], list[str]]] = {
         [
             "svc.sql.execute",
             "svc.sql.validate",
+            "llm.in.acme",  # the edge prepares its chat itself (req.llm, llm.edge)
             "req.agent.acme",
             "req.sql.acme",
             "supersede.acme",
@@ -504,22 +518,70 @@ async def test_the_router_holds_its_lease_and_resumes_usage(
     assert not me.violations, me.violations
 
 
-async def test_the_edge_finds_a_stored_result_on_res(clients: dict[str, UserConn]) -> None:
-    """A retried Idempotency-Key whose original's claim was never updated: the edge user
-    reads the result back from RES (an ordered consumer)."""
-    me, admin = clients["edge"], clients["admin"]
-    me.violations.clear()
+async def stored_result(clients: dict[str, UserConn], workload: Workload) -> GenerateResult:
+    """A result of tenant acme's, published on RES by admin."""
     result = result_for(
-        GenerateRequest(tenant="acme", workload="llm", pool="llm",
+        GenerateRequest(tenant="acme", workload=workload, pool=workload,
                         messages=[ChatMessage(role="user", content="hi")]),
         "ok",
     )  # fmt: skip
-    await admin.nc.jetstream().publish("res.llm.acme", encode(result))
+    await clients["admin"].nc.jetstream().publish(f"res.{workload}.acme", encode(result))
+    return result
+
+
+async def test_the_edge_finds_a_stored_result_on_res(clients: dict[str, UserConn]) -> None:
+    """A retried Idempotency-Key whose original's claim was never updated: the edge user
+    reads the result back from RES (an ordered consumer)."""
+    me = clients["edge"]
+    me.violations.clear()
+    result = await stored_result(clients, "llm")
     idem = Idempotency(Bus(nc=me.nc, js=me.nc.jetstream(), settings=Settings()))
     found = await idem.wait_result("acme", "key", "llm", result.request_id, timeout=1)
     assert found is not None and found.request_id == result.request_id
     await me.settle()
     assert not me.violations, me.violations
+
+
+async def test_the_router_reads_results_back_from_res(clients: dict[str, UserConn]) -> None:
+    """Results published while the router's connection was down, read back from RES (an
+    ordered consumer: `streamread`), as the router user does after a reconnect."""
+    me = clients["router"]
+    me.violations.clear()
+    result = await stored_result(clients, "agent")
+    window = Window(subject="res.>", since=time.time() - 60)
+    read = [stored.data async for stored in streamread.read(me.nc.jetstream(), "RES", window)]
+    assert encode(result) in read
+    await me.settle()
+    assert not me.violations, me.violations
+
+
+async def test_fleet_state_is_read_as_each_service_reads_it(
+    clients: dict[str, UserConn],
+) -> None:
+    """Heartbeats and usage listed and read by key (the router's fleet, the edge's /readyz
+    and console), and the worker's watch of its pool's assignments, each as its own user:
+    none of them watches a bucket but the worker."""
+    worker, router, edge = clients["worker"], clients["router"], clients["edge"]
+    for c in (worker, router, edge):
+        c.violations.clear()
+    beats = await worker.nc.jetstream().key_value(WORKERS_BUCKET)
+    await beats.put("conf-gpu0", b"beat")
+    fleet = Fleet(router.nc.jetstream(), dead_after=6.0)
+    await fleet.open()
+    await fleet.refresh_workers()  # (the probe value is no heartbeat: logged, skipped)
+    assert "conf-gpu0" in await kv_keys(worker.nc.jetstream(), WORKERS_BUCKET)
+    edge_bus = Bus(nc=edge.nc, js=edge.nc.jetstream(), settings=Settings())
+    checks = await readiness(edge_bus, "llm")
+    assert checks["streams"] is True and "error" not in checks, checks
+    await read_workers(edge_bus, time.time())  # the console's fleet page
+    await read_tenants(edge_bus, None)
+    assignments = await worker.nc.jetstream().key_value(ASSIGNMENTS_BUCKET)
+    watcher = await assignments.watch("agent.>")
+    await watcher.stop()  # type: ignore[no-untyped-call]
+    await beats.delete("conf-gpu0")
+    for c in (worker, router, edge):
+        await c.settle()
+        assert not c.violations, c.violations
 
 
 async def refused(url: str, **options: object) -> str:

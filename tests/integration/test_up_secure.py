@@ -87,7 +87,7 @@ async def test_a_service_connects_over_tls_as_itself(
     bus = await connect(edge, "test-edge", error_cb=on_error, allow_reconnect=False)
     try:
         assert bus.nc._server_info.get("tls_required") is True
-        await bus.nc.publish("llm.in.acme", b"x")  # the edge's job
+        await bus.nc.publish("agent.in.acme", b"x")  # the edge's job
         await bus.nc.subscribe("audit.>")  # never the edge's
         await bus.nc.flush()
         await asyncio.sleep(0.1)

@@ -1,7 +1,7 @@
 """OpenAI's API: `GET /v1/models` and `POST /v1/chat/completions` (JSON or SSE).
 
-A chat request becomes a `ChatRequest` on `llm.in.<tenant>` (tenant from the API key,
-never the body) and the token frames coming back are rendered as an OpenAI chat
+A chat request becomes a `ChatRequest`, prepared onto `req.llm.<tenant>` (tenant from the
+API key, never the body), and the token frames coming back are rendered as an OpenAI chat
 completion or as SSE chunks. A stream waits up to `first_frame_grace` for its first
 frame before committing to a 200, so the router's refusals are real HTTP statuses.
 
