@@ -1,7 +1,7 @@
 """The router: admits requests from `REQ` by tokens, queues them fairly, picks each one's
 worker (`scheduling.affinity`: sticky per session, prefix-aware without one, bounded by
 load in tokens) and dispatches it on `WORK` on a partition that worker owns, only while
-the worker has free credit.
+the worker has free credit (`scheduling.credit`).
 
 A `REQ` message stays unacked while its request waits here (kept alive with
 `in_progress()`); it is acked only after the `WORK` publish is acknowledged, so
@@ -39,13 +39,13 @@ from switchyard.bus.publish import UNAVAILABLE, trace_headers
 from switchyard.bus.topology import ROUTER_DURABLE
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError
-from switchyard.ids import id_time
 from switchyard.logging import bind_request, get_logger
-from switchyard.messages.inference import GenerateRequest, GenerateResult, NewestStep
+from switchyard.messages.inference import GenerateRequest, NewestStep
 from switchyard.partition import fnv1a_32, partition
 from switchyard.requestpolicy import NewestSteps, Refusal, Tombstones, verdict
 from switchyard.scheduling.admission import Admission
 from switchyard.scheduling.affinity import Affinity, Block, Decision, WorkerLoad, prefix_blocks
+from switchyard.scheduling.credit import Ledger, Release, backstop, read_result
 from switchyard.scheduling.fair import FairQueue, Item
 from switchyard.scheduling.placement import Placement
 from switchyard.scheduling.policy import Policies
@@ -56,9 +56,6 @@ log = get_logger(__name__)
 # How long dispatch pauses after a WORK publish failed: a cluster elects a new stream
 # leader in seconds; retrying every queued request at once meanwhile only spins.
 DISPATCH_PAUSE = 0.5
-# RES is read back from this long before the oldest outstanding dispatch after a
-# reconnect: the router's clock and the server's may differ a little.
-CLOCK_SLACK = 5.0
 
 
 @dataclass
@@ -67,16 +64,6 @@ class Queued:
     msg: Msg
     received: float
     blocks: list[Block]  # the prompt's prefix blocks, hashed once at admission
-
-
-@dataclass
-class Outstanding:
-    pool: str
-    worker: str
-    tenant: str
-    max_tokens: int
-    tokens: float  # what it adds to its worker's load (`Decision.work`)
-    at: float
 
 
 def delivery_partition(owned: list[int], key: str, partitions: int) -> int:
@@ -124,10 +111,9 @@ class Router:
         self.sessions = SessionTable(bus.js, self.affinity)
         self.policies = policies
         self.fleet = Fleet(bus.js, settings.dead_after)
-        self.outstanding: dict[str, Outstanding] = {}
-        # Per worker, the finish times (its clock) of results seen since its last heartbeat:
-        # the heartbeat's `queued` still counts them until the next one (see `_loads`).
-        self.finished: dict[str, list[float]] = {}
+        self.ledger = Ledger(
+            time.time, settings.credit_per_slot, backstop(settings.max_queue_seconds)
+        )
         self.warm: dict[str, float] = {}  # session -> last dispatch
         self.cancelled = Tombstones()  # cancels of requests not (yet) queued here
         self.newest = NewestSteps()  # agent sessions' newest admitted step, from every router
@@ -217,7 +203,7 @@ class Router:
             if queued is not None:  # redelivered while we still hold it: keep the newer handle
                 queued.payload.msg = msg
                 return
-            if req.id in self.outstanding:
+            if req.id in self.ledger:
                 await msg.ack()  # already dispatched; WORK dedupe covers a re-publish anyway
                 return
             if req.pool not in self.placements:
@@ -303,28 +289,8 @@ class Router:
         """Every live worker of `pool` that owns a partition (so a request can reach it):
         its load in tokens and whether it has credit for one more request."""
         placement = self.placements[pool]
-        count: dict[str, int] = {}
-        tokens: dict[str, float] = {}
-        for o in self.outstanding.values():
-            if o.pool == pool:
-                count[o.worker] = count.get(o.worker, 0) + 1
-                tokens[o.worker] = tokens.get(o.worker, 0.0) + o.tokens
-        loads: dict[str, WorkerLoad] = {}
-        for hb in self.fleet.live(pool):
-            if not placement.holds(hb.worker):
-                continue
-            # What the worker holds: what this router sent it and has no answer for, or what
-            # its heartbeat says it holds (others' requests too, redeliveries), less what it
-            # answered after that heartbeat. Without that discount a finished request kept
-            # its credit until the next heartbeat, up to `heartbeat_interval` of idle GPU.
-            done = self.finished.get(hb.worker, [])
-            done[:] = [t for t in done if t > hb.at]
-            held = max(count.get(hb.worker, 0), hb.queued - len(done))
-            credit = hb.slots * self.s.credit_per_slot - held
-            loads[hb.worker] = WorkerLoad(
-                hb.worker, hb.slots, tokens.get(hb.worker, 0.0), hb.draining, credit
-            )
-        return loads
+        live = [hb for hb in self.fleet.live(pool) if placement.holds(hb.worker)]
+        return self.ledger.loads(pool, live)
 
     async def _dispatch_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -399,12 +365,9 @@ class Router:
             sent = req.model_copy(
                 update={"dispatched_at": now, "partition": part, "routed_to": worker}
             )
-            # Registered before the publish: a fast engine can answer, and `_on_result` run,
-            # while the ack is still awaited; a result for a request not yet registered was
-            # dropped and its credit and concurrency held forever.
-            self.outstanding[req.id] = Outstanding(
-                req.pool, worker, req.tenant, req.sampling.max_tokens, decision.work, now,
-            )  # fmt: skip
+            self.ledger.dispatch(
+                req.id, req.pool, worker, req.tenant, req.sampling.max_tokens, decision.work
+            )
             # Committed now, not at the ack: the next pick of this round must see where
             # this session and prefix went.
             self.affinity[req.pool].commit(decision, item.payload.blocks, now)
@@ -452,7 +415,7 @@ class Router:
 
     def _undispatch(self, item: Item[Queued], exc: Exception) -> None:
         """The WORK publish failed: back to the head of the queue for a round after a pause."""
-        self.outstanding.pop(item.request_id, None)
+        self.ledger.undispatch(item.request_id)
         log.warning("router.dispatch_failed", error=repr(exc))
         self.queue.requeue(item)
         self.dispatch_paused_until = time.monotonic() + DISPATCH_PAUSE
@@ -481,67 +444,53 @@ class Router:
         self._take_result(msg.data, live=True)
 
     def _take_result(self, data: bytes, *, live: bool) -> None:
-        """A request ended: its worker's credit and its tenant's reservation come back.
-        `live`: heard as published (not read back from RES after a reconnect), so it also
-        counts against its worker's last heartbeat (`_loads`)."""
-        try:
-            result = decode(data, GenerateResult, max_bytes=self.s.max_message_bytes)
-        except DecodeError:
+        """A message on `res.>`: a result releases its dispatch (`credit`); anything else
+        there (another workload's answer) is passed over. `live`: heard as published, not
+        read back from RES."""
+        result = read_result(data, self.s.max_message_bytes)
+        if result is not None:
+            self._release(self.ledger.take(result, live=live))
+
+    def _release(self, release: Release | None) -> None:
+        """A dispatch ended: its worker's credit comes back (the ledger forgot it), and its
+        tenant's reservation, charged the output tokens it used."""
+        if release is None:
             return
-        if live and result.worker is not None and result.route is not None:
-            self.finished.setdefault(result.worker, []).append(result.route.finished_at)
-        out = self.outstanding.pop(result.request_id, None)
-        if out is None:
-            return
-        self.admission.finished(result.request_id, result.usage.completion_tokens)
-        self.queue.settle(out.tenant, out.max_tokens, result.usage.completion_tokens)
+        out = release.dispatch
+        self.admission.finished(release.request_id, release.used)
+        self.queue.settle(out.tenant, out.max_tokens, release.used)
         self.wake.set()
 
     async def _read_missed_results(self) -> int:
-        """Results come on a core-NATS subscription, so those published while the connection
-        was down never arrive; RES kept them. Read RES back from the oldest dispatch still
-        without a result (any result for it was published after it) and take each as if
-        heard: a result taken twice finds no `outstanding` entry the second time.
-        Returns how many outstanding requests this settled."""
-        if not self.outstanding:
+        """Read RES back for results published while the connection was down (`credit`),
+        taking each as if heard. Returns how many dispatches this released."""
+        since = self.ledger.missed_since()
+        if since is None:
             return 0
-        before = len(self.outstanding)
-        since = min(o.at for o in self.outstanding.values()) - CLOCK_SLACK
+        before = len(self.ledger.outstanding)
         window = streamread.Window(subject=subjects.RES_ALL, since=since)
         async for stored in streamread.read(self.bus.js, "RES", window):
             self._take_result(stored.data, live=False)
-            if not self.outstanding:
+            if not self.ledger.outstanding:
                 break
-        return before - len(self.outstanding)
+        return before - len(self.ledger.outstanding)
 
     async def _take_earlier_result(self, req: GenerateRequest) -> None:
         """WORK already held this request: it was dispatched before, by this router (its
         REQ message came again, the ack lost in a failover) or by one that died before
         acking it. It runs, or ran, once; if it ran, its result was published before this
-        dispatch was registered and was not taken for it: read RES for it (else the result
-        is still to come, and is heard as usual). Every result read is taken as if heard,
-        as `_read_missed_results` does: one taken twice finds no `outstanding` entry."""
-        window = streamread.Window(
-            subject=subjects.res(req.workload, req.tenant), since=id_time(req.id) - CLOCK_SLACK
-        )
+        dispatch was registered: read RES for it (else it is still to come, and is heard
+        as usual), taking every result read as if heard."""
+        since = self.ledger.earlier_since(req.id)
+        window = streamread.Window(subject=subjects.res(req.workload, req.tenant), since=since)
         try:
             async for stored in streamread.read(self.bus.js, "RES", window):
                 self._take_result(stored.data, live=False)
-                if req.id not in self.outstanding:
+                if req.id not in self.ledger:
                     log.info("router.earlier_result_taken")
                     return
-        except Exception as exc:  # RES has no leader: the backstop forgets it in the end
+        except Exception as exc:  # RES has no leader: the backstop releases it in the end
             log.warning("router.earlier_result_unread", error=repr(exc))
-
-    def _forget(self, request_id: str, out: Outstanding) -> None:
-        """Give up on hearing a request's result (it may have been answered while RES could
-        not be read): its worker's credit comes back, and its tenant's concurrency slot,
-        charged every token it could have used (as the fair queue was at dispatch)."""
-        del self.outstanding[request_id]
-        self.admission.finished(request_id, out.max_tokens)
-        log.warning("router.result_unheard", request_id=request_id, tenant=out.tenant,
-                    worker=out.worker, age=round(time.time() - out.at, 1))  # fmt: skip
-        self.wake.set()
 
     async def _on_cancel(self, msg: Msg) -> None:
         request_id = msg.subject.split(".", 1)[1]
@@ -580,12 +529,12 @@ class Router:
                 else:
                     self.reconnects_seen = reconnects
                     log.info("router.missed_results_read", settled=settled)
-            # Outstanding entries whose result was never seen nor read back must not hold
-            # credit and concurrency forever.
-            cutoff = time.time() - max(600.0, 10 * self.s.max_queue_seconds)
-            for rid, out in [(r, o) for r, o in self.outstanding.items() if o.at < cutoff]:
-                self._forget(rid, out)
             now = time.time()
+            for expired in self.ledger.expire():  # never heard nor read back
+                out, age = expired.dispatch, round(now - expired.dispatch.at, 1)
+                log.warning("router.result_unheard", request_id=expired.request_id,
+                            tenant=out.tenant, worker=out.worker, age=age)  # fmt: skip
+                self._release(expired)
             for affinity in self.affinity.values():
                 affinity.expire(now)
             for session in [s for s, at in self.warm.items() if now - at > self.s.warm_seconds]:

@@ -175,7 +175,7 @@ async def test_a_newer_step_supersedes_the_older_one_queued_in_the_router(
     ):
         busy = blocker(tenant, pool, session)
         await answers.send(busy, subjects.req("llm", tenant))
-        await until(lambda: busy.id in router.outstanding, timeout=30, what="blocker out")
+        await until(lambda: busy.id in router.ledger, timeout=30, what="blocker out")
         older, newer = step(tenant, session, 1), step(tenant, session, 2)
         await answers.send(older, subjects.agent_in(tenant))
         await until(lambda: router.queue.get(older.id) is not None, timeout=30,
@@ -183,7 +183,7 @@ async def test_a_newer_step_supersedes_the_older_one_queued_in_the_router(
         await answers.send(newer, subjects.agent_in(tenant))
         await until(lambda: answers.answered(older.id), timeout=30, what="older answered")
         # Answered while the blocker still runs: by the router, not after a wait.
-        assert busy.id in router.outstanding
+        assert busy.id in router.ledger
         await until(lambda: answers.answered(busy.id, newer.id), timeout=60,
                     what="the blocker and the newer step answered")  # fmt: skip
         await asyncio.sleep(0.5)  # a window for a second answer to show (none must)
@@ -224,10 +224,10 @@ async def older_then_newer(
         router, worker = fleet
         busy = blocker(tenant, pool, session)
         await answers.send(busy, subjects.req("llm", tenant))
-        await until(lambda: busy.id in router.outstanding, timeout=30, what="blocker out")
+        await until(lambda: busy.id in router.ledger, timeout=30, what="blocker out")
         older, newer = step(tenant, session, 1), step(tenant, session, 2)
         await answers.send(older, subjects.agent_in(tenant))
-        await until(lambda: older.id in router.outstanding, timeout=30,
+        await until(lambda: older.id in router.ledger, timeout=30,
                     what="the older step dispatched")  # fmt: skip
         if older_on_engine:
             await until(lambda: engine_waiting() >= 1, timeout=30,
@@ -235,7 +235,7 @@ async def older_then_newer(
         await answers.send(newer, subjects.agent_in(tenant))
         if older_on_engine:
             await until(lambda: answers.answered(older.id), timeout=30, what="older answered")
-            assert busy.id in router.outstanding  # aborted at once, not after the blocker
+            assert busy.id in router.ledger  # aborted at once, not after the blocker
         else:
             await until(lambda: router.queue.get(newer.id) is not None, timeout=30,
                         what="the newer step queued (no credit left)")  # fmt: skip

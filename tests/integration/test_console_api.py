@@ -175,7 +175,7 @@ async def console(
             )  # fmt: skip
             frames = await submit(bus, request, timeout=30)
             assert frames[-1].type == "end", frames[-1]
-        await until(lambda: not router.outstanding, timeout=30, what="both results routed")
+        await until(lambda: not router.ledger.outstanding, timeout=30, what="both results routed")
         settled = time.time()
         await until(lambda: published_since(bus, router_id, settled), timeout=30,
                     what="a status publication after both finished")  # fmt: skip

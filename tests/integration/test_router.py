@@ -120,7 +120,7 @@ def reached(router: Router, tenant: str, sent: list[asyncio.Task[list[TokenFrame
     """Whether every request of `sent` (all of `tenant`) reached `router`: it queues it,
     has dispatched it or it was answered."""
     held = router.queue.depth(tenant)
-    held += sum(o.tenant == tenant for o in router.outstanding.values())
+    held += sum(o.tenant == tenant for o in router.ledger.outstanding.values())
     return held + sum(t.done() for t in sent) >= len(sent)
 
 
@@ -221,7 +221,7 @@ async def test_cancel_removes_a_queued_request(
                 sent = r.model_copy(update={"reply": reader.inbox})
                 await publish(bus.js, subjects.req("llm", r.tenant), sent)
             await until(
-                lambda: long.id in router.outstanding and router.queue.get(queued.id) is not None,
+                lambda: long.id in router.ledger and router.queue.get(queued.id) is not None,
                 timeout=30, what="the long request running, the other queued in the router",
             )  # fmt: skip
             await bus.nc.publish(subjects.cancel(queued.id), b"")
@@ -516,7 +516,7 @@ async def test_a_result_published_while_the_router_was_cut_off_frees_its_tenant_
         first = req(pool, "solo", sampling=Sampling(max_tokens=160))  # ~2 s of modelled decode
         running = asyncio.create_task(submit(bus, first, timeout=30))
         await until(
-            lambda: first.id in router.outstanding and not router.settling,
+            lambda: first.id in router.ledger and not router.settling,
             timeout=15, what="the first request dispatched and its REQ message acked",
         )  # fmt: skip
         await proxy.cut()
@@ -525,7 +525,7 @@ async def test_a_result_published_while_the_router_was_cut_off_frees_its_tenant_
         assert router.admission.inflight("solo") == 1
         await proxy.open()
         await until(
-            lambda: router.admission.inflight("solo") == 0 and not router.outstanding,
+            lambda: router.admission.inflight("solo") == 0 and not router.ledger.outstanding,
             timeout=20, what="the router reading the missed result back from RES",
         )  # fmt: skip
         second = final(await submit(bus, req(pool, "solo"), timeout=20))
@@ -554,7 +554,7 @@ async def test_a_request_dispatched_again_after_its_answer_frees_its_tenant_slot
         # in its queue or reservations: all of the second pass can happen between two polls.
         await until(lambda: _dispatches(pool) == 2, timeout=10, what="dispatched again")
         await until(
-            lambda: router.admission.inflight("solo") == 0 and first.id not in router.outstanding,
+            lambda: router.admission.inflight("solo") == 0 and first.id not in router.ledger,
             timeout=10, what="the earlier result taken from RES",
         )  # fmt: skip
         second = final(await submit(bus, req(pool, "solo"), timeout=20))
