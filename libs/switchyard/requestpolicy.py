@@ -86,10 +86,14 @@ def verdict(
 def staleness(req: GenerateRequest, now: float, *, where: str) -> Refusal | None:
     """`stale` if `req`'s frame is older than its budget at `now` (both on the fleet's
     clock: `frame_age` applies the session's client clock offset), else None."""
-    age = req.frame_age(now)
-    if req.stale_after is not None and age is not None and age > req.stale_after:
-        reason = f"frame is {age:.3f}s old {where}, budget {req.stale_after:.3f}s"
-        return Refusal("stale", "stale", reason)
+    return stale_frame(req.frame_age(now), req.stale_after, where=where)
+
+
+def stale_frame(age: float | None, budget: float | None, *, where: str) -> Refusal | None:
+    """`stale` if a frame `age` seconds old (on the fleet's clock) is over its `budget`;
+    the preprocessor asks this of a step before it becomes a request."""
+    if budget is not None and age is not None and age > budget:
+        return Refusal("stale", "stale", f"frame is {age:.3f}s old {where}, budget {budget:.3f}s")
     return None
 
 

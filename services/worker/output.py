@@ -1,0 +1,74 @@
+"""The worker's output step: an agent step's finished text -> the answer its result carries.
+
+It sits beside the runner as vLLM's output processor sits beside `AsyncLLM`: the
+engine writes text, this decides what the text says, once, in the worker, so nothing
+downstream parses an answer again (the edge renders `GenerateResult.actions`).
+
+An answer that stopped at `max_tokens` is cut even when it parses (`click 520 11`
+may be the start of `click 520 1180`), and so is text that is not an answer of the
+step's language (an engine that did not keep to the constraint): the runner answers
+both `error`/`answer_cut`, never part of an action to a phone. A whole answer has its
+points mapped from what the model saw (the resized frame, or 0-1000 per the request's
+VLM profile) to the phone's pixels (`agentprompt.Geometry.to_original`), and is
+written again in its own format: compact lines stay lines, JSON keeps the step's shape
+and leaves out what the model left out (`agentactions.encode_answer`), so a text the
+grammar admits comes back byte for byte but for its points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from switchyard.agentactions import (
+    ActionFormatError,
+    Answer,
+    encode_answer,
+    is_wrapped,
+    map_points,
+    parse_answer_text,
+)
+from switchyard.agentprompt import Geometry
+from switchyard.messages.inference import ActionsConstraint, FinishReason, FrameGeometry
+
+# Why an answer is refused: the engine stopped at max_tokens (`length`), or what it
+# wrote is not an answer of the step's language (`unparseable`).
+CutReason = Literal["length", "unparseable"]
+
+
+@dataclass(frozen=True)
+class Cut:
+    """An answer no phone may act on, and why (`detail` quotes its start)."""
+
+    reason: CutReason
+    detail: str
+
+
+@dataclass(frozen=True)
+class AgentAnswer:
+    """A whole answer in the phone's pixels: what it says, and as text in its format."""
+
+    answer: Answer
+    text: str
+
+
+def agent_answer(
+    text: str, finish: FinishReason | None, c: ActionsConstraint, frame: FrameGeometry | None
+) -> AgentAnswer | Cut:
+    """What `text` (an engine's whole output for a step constrained by `c`, stopped for
+    `finish`) answers, mapped to the original frame `frame` when the request has one."""
+    fmt = c.action_format
+    if finish == "length":
+        return Cut("length", f"the answer reached max_tokens before it was whole: {text[:120]!r}")
+    try:
+        answer = parse_answer_text(text, fmt, chunk=c.chunk, thought=c.thought)
+        if frame is None:
+            return AgentAnswer(answer, text)
+        mapped = map_points(answer, Geometry.of(frame).to_original)
+        # JSON in the step's shape (`answer_schema(chunk, thought)`, the one its grammar
+        # allows). An answer the format cannot write again (a JSON thought with a control
+        # character: no grammar admits one) is refused like any other.
+        wrapped = is_wrapped(c.chunk, c.thought)
+        return AgentAnswer(mapped, encode_answer(mapped, fmt, wrapped=wrapped))
+    except ActionFormatError as e:
+        return Cut("unparseable", f"the answer is not a valid {fmt} answer ({e}): {text[:120]!r}")
