@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from services.edge.errors import ApiError
+from switchyard.envelope import SessionId
 from switchyard.messages.agent import MAX_FRAMES, Action, StepFields, StepOptions
 from switchyard.messages.inference import ErrorInfo, GenerateResult, Usage
 
@@ -47,9 +48,15 @@ class FrameIn(BaseModel):
     mime: Annotated[str, StringConstraints(max_length=100)] = "application/octet-stream"
 
 
-class AgentStepBody(StepFields):
-    """A JSON step: the step's own fields (`StepFields`, the caps the bus holds it to) and
-    its frames, base64. There is no `tenant` field: the tenant is the API key's."""
+class StepIn(StepFields):
+    """A step's fields as both encodings take them: the bus's (`StepFields`, its caps), and
+    an HTTP step names its episode. There is no `tenant` field: the tenant is the API key's."""
+
+    session: SessionId = Field(description="episode id (session affinity, KV reuse)")
+
+
+class AgentStepBody(StepIn):
+    """A JSON step: its fields and its frames, base64."""
 
     frames: Annotated[list[FrameIn], Field(min_length=1, max_length=MAX_FRAMES)] = Field(
         description="one frame (current) or two (previous, current)"
@@ -86,7 +93,7 @@ class AgentStepResponse(BaseModel):
 class StepInput(BaseModel):
     """A step read from either encoding: the fields and the decoded frames."""
 
-    fields: StepFields
+    fields: StepIn
     frames: list[tuple[bytes, str]]
 
 
@@ -129,7 +136,7 @@ def parse_json(raw: bytes) -> StepInput:
         except (binascii.Error, ValueError):
             raise _invalid(f"frames.{i}.data is not valid base64", f"frames.{i}.data") from None
     # Validated with the body: its fields as they are, not validated again.
-    fields = StepFields.model_construct(**{n: getattr(body, n) for n in StepFields.model_fields})
+    fields = StepIn.model_construct(**{n: getattr(body, n) for n in StepIn.model_fields})
     return StepInput(fields=fields, frames=frames)
 
 
@@ -169,7 +176,7 @@ def parse_multipart(content_type: str, raw: bytes) -> StepInput:
     if "step" in values:
         values["step"] = _number(values["step"], "step", int)
     try:
-        fields = StepFields.model_validate(values)
+        fields = StepIn.model_validate(values)
     except ValidationError as exc:
         raise _from_validation(exc) from None
     return StepInput(fields=fields, frames=frames)
@@ -189,7 +196,7 @@ def replay_failure(result: GenerateResult) -> ApiError:
 
 
 def response_of(
-    result: GenerateResult, fields: StepFields, edge_seconds: float, now: float
+    result: GenerateResult, fields: StepIn, edge_seconds: float, now: float
 ) -> AgentStepResponse:
     """The HTTP answer of `result`, as its worker's output step typed it (no parsing here)."""
     fmt = fields.options.action_format
@@ -226,8 +233,8 @@ _FRAME_JSON = {
 
 def openapi_request_body() -> dict[str, Any]:
     """Both encodings, for the generated schema (the body is read by hand, see `parse_*`),
-    each derived from `StepFields`."""
-    fields = StepFields.model_json_schema()
+    each derived from `StepIn`."""
+    fields = StepIn.model_json_schema()
     fields.pop("$defs", None)
     properties = fields["properties"]
     frames = {"type": "array", "minItems": 1, "maxItems": MAX_FRAMES}

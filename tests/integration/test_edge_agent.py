@@ -19,8 +19,9 @@ import pytest
 
 from services.edge.app import create_app
 from services.edge.settings import EdgeSettings
+from switchyard.agentactions import parse_actions
 from switchyard.ids import new_id
-from switchyard.messages.agent import answer_schema, parse_answer
+from switchyard.messages.agent import answer_schema
 from tests.integration.test_agent_path import png_frame, png_with_header
 from tests.support.edge import agent_fleet_with_edge, write_keys
 
@@ -66,7 +67,8 @@ def assert_action(resp: httpx.Response, sent_ts: float) -> dict[str, Any]:
     assert out["request_id"] == resp.headers["x-request-id"]
     assert out["frame_ts"] == pytest.approx(sent_ts)
     jsonschema.validate(out["answer"], answer_schema())
-    assert len(parse_answer(json.dumps(out["answer"]))) == len(out["actions"]) == 1
+    actions = parse_actions(json.dumps(out["answer"]), "json")
+    assert [a.model_dump() for a in actions] == out["actions"] and len(actions) == 1
     assert out["usage"]["prompt_tokens"] > 0
     assert out["timings"]["edge"] > 0 and out["timings"]["total"] > 0
     return out

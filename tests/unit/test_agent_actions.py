@@ -35,15 +35,15 @@ from switchyard.engines.sim_output import ACTION_KINDS, sim_action, sim_answer
 from switchyard.engines.sim_tokens import pseudo_tokens
 from switchyard.messages.agent import (
     MAX_CHUNK,
+    ActionAnswer,
     ActionFormat,
     Back,
+    ChunkAnswer,
     Click,
     LongPress,
     Swipe,
     TypeText,
     Wait,
-    ActionAnswer,
-    ChunkAnswer,
     answer_schema,
 )
 from switchyard.messages.inference import ActionsConstraint, ChatMessage, Image, Sampling

@@ -2,13 +2,12 @@
 (`services/worker/output.py`): what both old parsers accepted and refused (the edge's
 `messages.agent.parse_answer` and `agentactions`' own), cut or whole, and the mapping to
 the phone's pixels, whose text is byte for byte what the worker wrote before it parsed once
-(`_old_mapping`, the algorithm it replaced, kept here as the oracle)."""
+(`tests.support.agentanswers.old_mapping`, the algorithm it replaced, is the oracle)."""
 
 from __future__ import annotations
 
 import json
 import random
-from typing import Any
 
 import pytest
 
@@ -35,6 +34,8 @@ from switchyard.messages.agent import (
     Wait,
 )
 from switchyard.messages.inference import ActionsConstraint, FrameGeometry, Image
+from switchyard.vlmgeometry import vlm_profile
+from tests.support.agentanswers import old_mapping
 
 # 720p seen as 308x168 (pixels), and a tall phone seen as 704x1280 (0-1000).
 PIXELS = Geometry(orig_width=1280, orig_height=720, width=308, height=168)
@@ -174,35 +175,12 @@ def test_answers_map_in_both_formats_for_a_relative_profile() -> None:
     assert TypeText(text="x") == whole('{"type":"type","text":"x"}', RELATIVE).answer.actions[0]
 
 
-def _old_mapping(text: str, g: Geometry, fmt: ActionFormat) -> str:
-    """The worker's mapping before the output step (`agentprompt.answer_to_original`):
-    compact parsed and written again, JSON loaded, its points patched, dumped."""
-    if fmt == "compact":
-        answer = parse_answer_text(text, "compact")
-        return encode_answer(Answer(tuple(_moved(a, g) for a in answer.actions), answer.thought),
-                             "compact")  # fmt: skip
-    obj: Any = json.loads(text)
-    for action in obj.get("actions", [obj]):
-        for kx, ky in (("x", "y"), ("x1", "y1"), ("x2", "y2")):
-            if kx in action and ky in action:
-                action[kx], action[ky] = g.to_original(action[kx], action[ky])
-    return json.dumps(obj, separators=(",", ":"))
-
-
-def _moved(a: Any, g: Geometry) -> Any:
-    values = a.model_dump()
-    for kx, ky in (("x", "y"), ("x1", "y1"), ("x2", "y2")):
-        if kx in values:
-            values[kx], values[ky] = g.to_original(values[kx], values[ky])
-    return type(a).model_validate(values)
-
-
 @pytest.mark.parametrize("g", [PIXELS, RELATIVE], ids=["pixels", "relative"])
 def test_every_sim_answer_maps_to_the_text_the_worker_wrote_before(g: Geometry) -> None:
     rng = random.Random(7)
     frame = Image(hash="ab" * 16, data=b"x", mime="image/jpeg", width=g.width, height=g.height)
     req = EngineRequest(request_id="r", images=(frame,))
-    coords = "relative-1000" if g.vlm == "qwen3-vl" else "pixels"
+    coords = vlm_profile(g.vlm).coords
     fg: FrameGeometry = g.frame_geometry()
     for fmt in ACTION_FORMATS:
         for chunk in range(1, MAX_CHUNK + 1):
@@ -212,10 +190,12 @@ def test_every_sim_answer_maps_to_the_text_the_worker_wrote_before(g: Geometry) 
                     text = sim_answer(c, req, rng, coords)
                     out = agent_answer(text, "stop", c, fg)
                     assert isinstance(out, AgentAnswer), (text, out)
-                    assert out.text == _old_mapping(text, g, fmt), text
+                    assert out.text == old_mapping(text, g, fmt), text
                     assert out.answer == parse_answer_text(out.text, fmt)
     # JSON leaving `ms` out, as the grammar allows: the old text too.
-    for text in ('{"type":"long_press","x":10,"y":20}',
-                 '{"actions":[{"type":"swipe","x1":1,"y1":2,"x2":300,"y2":160},{"type":"done"}]}'):
+    for text in (
+        '{"type":"long_press","x":10,"y":20}',
+        '{"actions":[{"type":"swipe","x1":1,"y1":2,"x2":300,"y2":160},{"type":"done"}]}',
+    ):
         chunk = 1 if text.startswith('{"type"') else 2
-        assert whole(text, g, chunk=chunk).text == _old_mapping(text, g, "json")
+        assert whole(text, g, chunk=chunk).text == old_mapping(text, g, "json")

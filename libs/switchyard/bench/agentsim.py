@@ -4,12 +4,12 @@ A phone captures a frame, sends the step (its current frame - and the previous
 one for the `pair` layout - with the action history as text) on
 `agent.in.<tenant>`, receives the answer on its reply inbox (its actions as the
 worker parsed them, `GenerateResult.actions`) and executes them, `act_ms` each (a
-chunk of up to K, `StepOptions.chunk`), before it captures the next frame. That is the synchronous phone. With
-`asynchronous` ([S0] 2.3, asynchronous inference) it captures and sends the
-next step while the chunk still executes, `lead_ms` before the chunk ends (by
-default one action: when its last action starts), and switches to a newer
-answer as soon as it has one, at the next action boundary (the rest of the
-older chunk is dropped). When a chunk has ended and the answer it waits for is
+chunk of up to K, `StepOptions.chunk`), before it captures the next frame. That
+is the synchronous phone. With `asynchronous` ([S0] 2.3, asynchronous inference)
+it captures and sends the next step while the chunk still executes, `lead_ms`
+before the chunk ends (by default one action: when its last action starts), and
+switches to a newer answer as soon as it has one, at the next action boundary
+(the rest of the older chunk is dropped). When a chunk has ended and the answer it waits for is
 not in, its screen has moved on since that step's frame: it sends a fresh step
 at once, which supersedes the older one in the fleet. Answers that are not ok
 (`stale`, `superseded`, errors) are never executed, nor an ok answer older than

@@ -42,9 +42,13 @@ MAX_FRAMES = 2  # a step's frames: the current one, maybe the previous one first
 class StepFields(Model):
     """What a client says about one step besides its frames: the fields and caps of every
     encoding (the edge's JSON body and multipart form derive theirs from it, `AgentStep`
-    carries them on the bus). `session` is the episode id."""
+    carries them on the bus)."""
 
-    session: SessionId = Field(description="episode id (session affinity, KV reuse)")
+    # The envelope's `session`, described: a step without one is an episode of its own
+    # (the edge requires one).
+    session: SessionId | None = Field(
+        default=None, description="episode id (session affinity, KV reuse)"
+    )
     # Required for steps: staleness is measured from it.
     frame_ts: UnixTime = Field(description="Unix seconds the (current) frame was captured")
     # The client's clock when it sent the step, for the fleet's estimate of that clock's
