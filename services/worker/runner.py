@@ -282,9 +282,7 @@ class Runner:
                         tokens=usage.completion_tokens)  # fmt: skip
             error = ErrorInfo(code="answer_cut", reason=out.detail)
             return Outcome("error", answer_text, finish, usage, timings, error, started, first)
-        return Outcome(
-            "ok", out.text, finish, usage, timings, None, started, first, out.answer
-        )  # fmt: skip
+        return Outcome("ok", out.text, finish, usage, timings, None, started, first, out.answer)
 
     def _engine_died(self, exc: EngineDead) -> None:
         if self.dead is not None:
