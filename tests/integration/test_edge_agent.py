@@ -17,11 +17,12 @@ import httpx
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
+from services.edge.agent import StepIn
 from services.edge.app import create_app
 from services.edge.settings import EdgeSettings
 from switchyard.agentactions import parse_actions
 from switchyard.ids import new_id
-from switchyard.messages.agent import answer_schema
+from switchyard.messages.agent import MAX_FRAMES, answer_schema
 from tests.integration.test_agent_path import png_frame, png_with_header
 from tests.support.edge import agent_fleet_with_edge, write_keys
 
@@ -200,3 +201,15 @@ def test_openapi_documents_both_encodings() -> None:
     op = create_app(EdgeSettings()).openapi()["paths"]["/v1/agent/step"]["post"]
     assert set(op["requestBody"]["content"]) == {"application/json", "multipart/form-data"}
     assert {"409", "413", "422", "429", "504"} <= set(op["responses"])
+    # Both encodings are the step's own fields (the bus's caps) and its frames.
+    content = op["requestBody"]["content"]
+    for encoding in ("application/json", "multipart/form-data"):
+        schema = content[encoding]["schema"]
+        assert set(schema["properties"]) == {"frames", *StepIn.model_fields}, encoding
+        assert set(schema["required"]) == {"frames", "session", "frame_ts"}, encoding
+        assert schema["properties"]["history"]["maxItems"] == 256
+        assert schema["properties"]["goal"]["maxLength"] == 2048
+        assert schema["properties"]["frames"]["maxItems"] == MAX_FRAMES
+    form = content["multipart/form-data"]["schema"]["properties"]
+    assert form["sent_at"]["type"] == "number" and "anyOf" not in form["sent_at"]
+    assert form["options"]["type"] == "string"
