@@ -220,22 +220,13 @@ def response_of(
     )  # fmt: skip
 
 
-_FRAME_JSON = {
-    "type": "object",
-    "properties": {
-        "data": {"type": "string", "contentEncoding": "base64", "minLength": 1},
-        "mime": {"type": "string", "maxLength": 100},
-    },
-    "required": ["data"],
-    "additionalProperties": False,
-}
-
-
 def openapi_request_body() -> dict[str, Any]:
     """Both encodings, for the generated schema (the body is read by hand, see `parse_*`),
     each derived from `StepIn`."""
     fields = StepIn.model_json_schema()
     fields.pop("$defs", None)
+    frame = FrameIn.model_json_schema()
+    frame["properties"]["data"]["contentEncoding"] = "base64"
     properties = fields["properties"]
     frames = {"type": "array", "minItems": 1, "maxItems": MAX_FRAMES}
     json_schema = {
@@ -244,13 +235,14 @@ def openapi_request_body() -> dict[str, Any]:
         "properties": {
             **properties,
             "options": StepOptions.model_json_schema(),  # inlined, no $ref
-            "frames": {**frames, "items": _FRAME_JSON},
+            "frames": {**frames, "items": frame},
         },
         "required": [*fields.get("required", []), "frames"],
         "additionalProperties": False,
     }
-    # A form field is text, never null; `options` is its JSON object as one field.
-    form_fields = {name: _not_null(schema) for name, schema in properties.items()}
+    # A form field is text, never null (an optional field's schema is its first, non-null
+    # one), and `options` is its JSON object as one field.
+    form_fields = {n: s["anyOf"][0] if "anyOf" in s else s for n, s in properties.items()}
     form_fields["options"] = {
         "type": "string",
         "description": f"JSON object: {', '.join(StepOptions.model_fields)}",
@@ -272,12 +264,3 @@ def openapi_request_body() -> dict[str, Any]:
             },
         },
     }
-
-
-def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
-    """`schema` without its `null` alternative (an optional field's `anyOf`)."""
-    options = [s for s in schema.get("anyOf", []) if s.get("type") != "null"]
-    if len(options) != 1:
-        return schema
-    rest = {k: v for k, v in schema.items() if k not in ("anyOf", "default")}
-    return {**rest, **options[0]}

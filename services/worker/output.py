@@ -1,18 +1,13 @@
 """The worker's output step: an agent step's finished text -> the answer its result carries.
 
-It sits beside the runner as vLLM's output processor sits beside `AsyncLLM`: the
-engine writes text, this decides what the text says, once, in the worker, so nothing
-downstream parses an answer again (the edge renders `GenerateResult.actions`).
-
-An answer that stopped at `max_tokens` is cut even when it parses (`click 520 11`
-may be the start of `click 520 1180`), and so is text that is not an answer of the
-step's language (an engine that did not keep to the constraint): the runner answers
-both `error`/`answer_cut`, never part of an action to a phone. A whole answer has its
-points mapped from what the model saw (the resized frame, or 0-1000 per the request's
-VLM profile) to the phone's pixels (`agentprompt.Geometry.to_original`), and is
-written again in its own format: compact lines stay lines, JSON keeps the step's shape
-and leaves out what the model left out (`agentactions.encode_answer`), so a text the
-grammar admits comes back byte for byte but for its points.
+Beside the runner as vLLM's output processor is beside `AsyncLLM`: the answer is parsed
+once, here, and travels typed (`GenerateResult.actions`, `thought`), so nothing
+downstream parses it again. Stopped at `max_tokens` (even when it parses: `click 520 11`
+may start `click 520 1180`) or not in the step's language, it is cut: the runner answers
+`answer_cut`, never part of an action to a phone. Whole, its points are mapped to the
+phone's pixels (`agentprompt.Geometry`, by the request's VLM profile) and it is written
+again in its format (`agentactions.encode_answer`): a text the grammar admits comes back
+byte for byte but for its points.
 """
 
 from __future__ import annotations
@@ -31,15 +26,12 @@ from switchyard.agentactions import (
 from switchyard.agentprompt import Geometry
 from switchyard.messages.inference import ActionsConstraint, FinishReason, FrameGeometry
 
-# Why an answer is refused: the engine stopped at max_tokens (`length`), or what it
-# wrote is not an answer of the step's language (`unparseable`).
-CutReason = Literal["length", "unparseable"]
-
 
 class Cut(NamedTuple):
-    """An answer no phone may act on, and why (`detail` quotes its start)."""
+    """An answer no phone may act on: the engine stopped at max_tokens (`length`), or what
+    it wrote is not an answer of the step's language (`unparseable`); `detail` quotes it."""
 
-    reason: CutReason
+    reason: Literal["length", "unparseable"]
     detail: str
 
 
