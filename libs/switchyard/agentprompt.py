@@ -70,18 +70,12 @@ coordinate convention, which the system prompt states (`system_prompt`).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from switchyard.agentactions import (
-    ANSWER_INSTRUCTIONS,
-    encode_answer,
-    map_points,
-    parse_answer_text,
-)
-from switchyard.messages.agent import DEFAULT_ACTION_FORMAT, ActionFormat, AgentStep, parse_answer
+from switchyard.agentactions import ANSWER_INSTRUCTIONS
+from switchyard.messages.agent import DEFAULT_ACTION_FORMAT, ActionFormat, AgentStep
 from switchyard.messages.inference import ChatMessage, FrameGeometry, Image, ImagePart, TextPart
 from switchyard.vlmgeometry import DEFAULT_VLM, PROFILES, RELATIVE_SCALE, VlmName, vlm_profile
 
@@ -200,36 +194,6 @@ class Geometry:
             orig_width=self.orig_width, orig_height=self.orig_height,
             width=self.width, height=self.height, vlm=self.vlm,
         )  # fmt: skip
-
-
-# The coordinate pairs of the action contract (click/long_press, swipe).
-_POINTS = (("x", "y"), ("x1", "y1"), ("x2", "y2"))
-
-
-def answer_to_original(text: str, geometry: Geometry, action_format: ActionFormat = "json") -> str:
-    """An answer with every coordinate mapped from resized to original pixels, in its own
-    format (`compact` lines stay lines; JSON keeps its shape and its thought).
-
-    Text that is not a valid answer is returned unchanged: the client's own
-    validation reports it, and a half-mapped answer would be worse than none.
-    """
-    if action_format == "compact":
-        try:
-            answer = parse_answer_text(text, "compact")
-        except ValueError:
-            return text
-        return encode_answer(map_points(answer, geometry.to_original), "compact")
-    try:
-        parse_answer(text)
-        obj: Any = json.loads(text)
-    except ValueError:
-        return text
-    actions = obj.get("actions", [obj])
-    for action in actions:
-        for kx, ky in _POINTS:
-            if kx in action and ky in action:
-                action[kx], action[ky] = geometry.to_original(action[kx], action[ky])
-    return json.dumps(obj, separators=(",", ":"))
 
 
 def history_text(goal: str, history: list[str], first: int = 0) -> str:

@@ -7,7 +7,8 @@ gone), then a newer step of the same agent session (this step's screen is alread
 out of date and the client waits for the newer answer), then a stale frame (the action
 would be useless: the phone should send a fresh one), then the deadline. When the
 engine has finished, the worker asks `staleness` once more: an answer that came too late
-for its frame is answered `stale`, not as an action.
+for its frame is answered `stale`, not as an action. Before all of them the preprocessor
+asks `stale_frame` of a step, before it prepares its frames: one rule, one reason.
 
 A cancel can arrive before the request it names (it travels on core NATS, the
 request through two streams), so each of them remembers recent cancels as
@@ -86,10 +87,14 @@ def verdict(
 def staleness(req: GenerateRequest, now: float, *, where: str) -> Refusal | None:
     """`stale` if `req`'s frame is older than its budget at `now` (both on the fleet's
     clock: `frame_age` applies the session's client clock offset), else None."""
-    age = req.frame_age(now)
-    if req.stale_after is not None and age is not None and age > req.stale_after:
-        reason = f"frame is {age:.3f}s old {where}, budget {req.stale_after:.3f}s"
-        return Refusal("stale", "stale", reason)
+    return stale_frame(req.frame_age(now), req.stale_after, where=where)
+
+
+def stale_frame(age: float | None, budget: float | None, *, where: str) -> Refusal | None:
+    """`stale` if a frame `age` seconds old (on the fleet's clock) is over its `budget`;
+    the preprocessor asks this of a step before it becomes a request."""
+    if budget is not None and age is not None and age > budget:
+        return Refusal("stale", "stale", f"frame is {age:.3f}s old {where}, budget {budget:.3f}s")
     return None
 
 

@@ -21,13 +21,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from services.edge.errors import ApiError
-from switchyard.agentactions import parse_answer_text
-from switchyard.envelope import SessionId, UnixTime
-from switchyard.messages.agent import Action, StepOptions
+from switchyard.envelope import SessionId
+from switchyard.messages.agent import MAX_FRAMES, Action, StepFields, StepOptions
 from switchyard.messages.inference import ErrorInfo, GenerateResult, Usage
-
-MAX_FRAMES = 2
-HistoryLine = Annotated[str, StringConstraints(max_length=512)]
 
 # Agent-specific statuses, over the shared table in `errors.py`:
 # - `stale` -> 409: the frame is older than its budget when the fleet got to it; the
@@ -52,25 +48,15 @@ class FrameIn(BaseModel):
     mime: Annotated[str, StringConstraints(max_length=100)] = "application/octet-stream"
 
 
-class _StepFields(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class StepIn(StepFields):
+    """A step's fields as both encodings take them: the bus's (`StepFields`, its caps), and
+    an HTTP step names its episode. There is no `tenant` field: the tenant is the API key's."""
 
     session: SessionId = Field(description="episode id (session affinity, KV reuse)")
-    frame_ts: UnixTime = Field(description="Unix seconds the (current) frame was captured")
-    sent_at: UnixTime | None = Field(
-        default=None,
-        description="Unix seconds on the client's clock when it sent the step: lets the "
-        "fleet estimate that clock's offset, so a skewed clock neither drops nor passes frames",
-    )
-    step: int = Field(default=0, ge=0)
-    stale_after: float = Field(default=2.0, gt=0, le=3600, description="frame age budget, s")
-    goal: Annotated[str, StringConstraints(max_length=2048)] = ""
-    history: Annotated[list[HistoryLine], Field(max_length=256)] = []
-    options: StepOptions = StepOptions()
 
 
-class AgentStepBody(_StepFields):
-    """A JSON step. There is no `tenant` field: the tenant is the API key's."""
+class AgentStepBody(StepIn):
+    """A JSON step: its fields and its frames, base64."""
 
     frames: Annotated[list[FrameIn], Field(min_length=1, max_length=MAX_FRAMES)] = Field(
         description="one frame (current) or two (previous, current)"
@@ -107,7 +93,7 @@ class AgentStepResponse(BaseModel):
 class StepInput(BaseModel):
     """A step read from either encoding: the fields and the decoded frames."""
 
-    fields: _StepFields
+    fields: StepIn
     frames: list[tuple[bytes, str]]
 
 
@@ -149,7 +135,8 @@ def parse_json(raw: bytes) -> StepInput:
             frames.append((base64.b64decode(frame.data, validate=True), frame.mime))
         except (binascii.Error, ValueError):
             raise _invalid(f"frames.{i}.data is not valid base64", f"frames.{i}.data") from None
-    fields = _StepFields(**{name: getattr(body, name) for name in _StepFields.model_fields})
+    # Validated with the body: its fields as they are, not validated again.
+    fields = StepIn.model_construct(**{n: getattr(body, n) for n in StepIn.model_fields})
     return StepInput(fields=fields, frames=frames)
 
 
@@ -189,7 +176,7 @@ def parse_multipart(content_type: str, raw: bytes) -> StepInput:
     if "step" in values:
         values["step"] = _number(values["step"], "step", int)
     try:
-        fields = _StepFields.model_validate(values)
+        fields = StepIn.model_validate(values)
     except ValidationError as exc:
         raise _from_validation(exc) from None
     return StepInput(fields=fields, frames=frames)
@@ -209,23 +196,22 @@ def replay_failure(result: GenerateResult) -> ApiError:
 
 
 def response_of(
-    result: GenerateResult, fields: _StepFields, edge_seconds: float, now: float
+    result: GenerateResult, fields: StepIn, edge_seconds: float, now: float
 ) -> AgentStepResponse:
+    """The HTTP answer of `result`, as its worker's output step typed it (no parsing here)."""
     fmt = fields.options.action_format
-    try:
-        parsed = parse_answer_text(result.text, fmt)
-        # JSON: the object as the model wrote it; compact: its lines, as one string.
-        answer = json.loads(result.text) if fmt == "json" else result.text
-    except ValueError:
-        # The worker refuses such answers (`answer_cut`); a result that got past it anyway
-        # (an older worker) is refused the same way here.
+    if result.actions is None:
+        # The worker refuses an answer that is cut or not one (`answer_cut`); an ok result
+        # without its actions (an older worker's) is refused the same way here.
         raise ApiError(
             502, f"the model's answer is not a valid {fmt} answer", "server_error", "answer_cut"
-        ) from None
+        )
     return AgentStepResponse(
         request_id=result.request_id, status="ok", session=fields.session, step=fields.step,
-        frame_ts=fields.frame_ts, answer=answer, actions=list(parsed.actions),
-        thought=parsed.thought, worker=result.worker,
+        frame_ts=fields.frame_ts,
+        # JSON: the object as the model wrote it; compact: its lines, as one string.
+        answer=json.loads(result.text) if fmt == "json" else result.text,
+        actions=result.actions, thought=result.thought, worker=result.worker,
         usage=result.usage,
         timings=StepTimings(
             edge=edge_seconds, queue=result.timings.queue, ttft=result.timings.ttft,
@@ -234,54 +220,40 @@ def response_of(
     )  # fmt: skip
 
 
-_FRAME_JSON = {
-    "type": "object",
-    "properties": {
-        "data": {"type": "string", "contentEncoding": "base64", "minLength": 1},
-        "mime": {"type": "string", "maxLength": 100},
-    },
-    "required": ["data"],
-    "additionalProperties": False,
-}
-
-
 def openapi_request_body() -> dict[str, Any]:
-    """Both encodings, for the generated schema (the body is read by hand, see `parse_*`)."""
-    fields = _StepFields.model_json_schema()
+    """Both encodings, for the generated schema (the body is read by hand, see `parse_*`),
+    each derived from `StepIn`."""
+    fields = StepIn.model_json_schema()
     fields.pop("$defs", None)
-    fields["properties"]["options"] = StepOptions.model_json_schema()  # inlined, no $ref
+    frame = FrameIn.model_json_schema()
+    frame["properties"]["data"]["contentEncoding"] = "base64"
+    properties = fields["properties"]
+    frames = {"type": "array", "minItems": 1, "maxItems": MAX_FRAMES}
     json_schema = {
         **fields,
         "title": "AgentStepBody",
         "properties": {
-            **fields["properties"],
-            "frames": {"type": "array", "items": _FRAME_JSON, "minItems": 1, "maxItems": 2},
+            **properties,
+            "options": StepOptions.model_json_schema(),  # inlined, no $ref
+            "frames": {**frames, "items": frame},
         },
         "required": [*fields.get("required", []), "frames"],
         "additionalProperties": False,
     }
+    # A form field is text, never null (an optional field's schema is its first, non-null
+    # one), and `options` is its JSON object as one field.
+    form_fields = {n: s["anyOf"][0] if "anyOf" in s else s for n, s in properties.items()}
+    form_fields["options"] = {
+        "type": "string",
+        "description": f"JSON object: {', '.join(StepOptions.model_fields)}",
+    }
     form = {
         "type": "object",
         "properties": {
-            "frames": {
-                "type": "array",
-                "items": {"type": "string", "format": "binary"},
-                "minItems": 1,
-                "maxItems": 2,
-            },
-            "session": {"type": "string", "pattern": r"^[A-Za-z0-9_-]{1,64}$"},
-            "frame_ts": {"type": "number", "minimum": 0},
-            "sent_at": {"type": "number", "minimum": 0},
-            "step": {"type": "integer", "minimum": 0},
-            "stale_after": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
-            "goal": {"type": "string", "maxLength": 2048},
-            "history": {"type": "array", "items": {"type": "string", "maxLength": 512}},
-            "options": {
-                "type": "string",
-                "description": "JSON object: chunk, thought, action_format, max_tokens",
-            },
+            "frames": {**frames, "items": {"type": "string", "format": "binary"}},
+            **form_fields,
         },
-        "required": ["frames", "session", "frame_ts"],
+        "required": ["frames", *fields.get("required", [])],
     }
     return {
         "requestBody": {

@@ -49,6 +49,7 @@ from switchyard.messages.inference import (
     ResultStatus,
     Sampling,
 )
+from switchyard.requestpolicy import stale_frame
 
 log = get_logger(__name__)
 
@@ -173,10 +174,11 @@ async def run_agent(bus: Bus, stop: asyncio.Event, settings: PreprocessorSetting
             offset = offsets.observe(step.tenant, step.session, sent, _stored_at(msg))
             metrics.CLOCK_OFFSET.observe(abs(offset))
             age = time.time() - (step.frame_ts + offset)
-            if age > step.stale_after:
-                reason = f"frame is {age:.3f}s old at preprocessing, budget {step.stale_after:.3f}s"
+            stale = stale_frame(age, step.stale_after, where="at preprocessing")
+            if stale is not None:
                 metrics.STALE.inc()
-                await _refuse(bus, step, settings.agent_pool, "stale", "stale", reason)
+                await _refuse(bus, step, settings.agent_pool, stale.status, stale.code,
+                              stale.reason)  # fmt: skip
                 return
             choice = settings.layout_for(step.tenant)
             # `single` and `window` lay out the current frame only (a window's earlier

@@ -13,9 +13,10 @@ and answered `superseded` too - its screen is gone and the GPU time is the newer
 step's. A step already producing tokens is left to finish (its action may still be
 of use); but an answer that is ready only after its frame outlived its budget is
 answered `stale`, its text withheld, so a phone never acts on a screen that is gone.
-Nor on part of an action: an agent answer that stopped at `max_tokens`, or is not
-an answer in the step's action format, is answered `error` with code `answer_cut`
-(and counted).
+Nor on part of an action: an agent step's text goes through the output step
+(`output.py`: parsed once, cut or whole, mapped to the phone's pixels); a cut answer
+is answered `error` with code `answer_cut` (and counted), a whole one carries its
+`actions` and `thought` on the result.
 
 When the engine dies (`EngineDead`: vLLM's engine core is gone), the worker is told
 (`on_engine_dead`, once) and every request it holds or pulls after that is settled
@@ -35,14 +36,13 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from services.worker import metrics
-from switchyard.agentactions import why_cut
-from switchyard.agentprompt import Geometry, answer_to_original
+from services.worker.output import Cut, agent_answer
+from switchyard.agentactions import Answer
 from switchyard.answers import answer, result_for, route_of
 from switchyard.bus.tokenstream import TokenStreamWriter
 from switchyard.engines.base import Engine, EngineDead, EngineRequest, ModelsCost
 from switchyard.errors import SwitchyardError, TransientError
 from switchyard.logging import bind_request, get_logger
-from switchyard.messages.agent import ActionFormat
 from switchyard.messages.inference import (
     ActionsConstraint,
     ErrorInfo,
@@ -75,6 +75,7 @@ class Outcome:
     error: ErrorInfo | None = None
     started_at: float | None = None
     first_token_at: float | None = None
+    answer: Answer | None = None  # an agent step's whole answer (`output.agent_answer`)
 
 
 class Runner:
@@ -161,6 +162,8 @@ class Runner:
                 timings=outcome.timings,
                 worker=self.worker_id,
                 route=route_of(req, time.time(), outcome.started_at, outcome.first_token_at),
+                actions=None if outcome.answer is None else list(outcome.answer.actions),
+                thought=None if outcome.answer is None else outcome.answer.thought,
             )
             metrics.RESULTS.labels(outcome.status).inc()
             if not await answer(self.nc, self.js, result, req.reply, writer):
@@ -269,22 +272,17 @@ class Runner:
             metrics.LATE.inc()
             return Outcome("stale", "", finish, usage, timings, late.error, started, first)
         answer_text = "".join(text)
-        fmt: ActionFormat = "json"
-        if isinstance(req.constraint, ActionsConstraint):
-            c = req.constraint
-            fmt = c.action_format
-            cut = why_cut(answer_text, finish, fmt, c.chunk, c.thought)
-            if cut is not None:
-                # Never a partial action to a phone: the client gets a typed error.
-                metrics.ANSWERS_CUT.labels(fmt, cut[0]).inc()
-                log.warning("worker.answer_cut", reason=cut[0], max_tokens=req.sampling.max_tokens,
-                            tokens=usage.completion_tokens)  # fmt: skip
-                error = ErrorInfo(code="answer_cut", reason=cut[1])
-                return Outcome("error", answer_text, finish, usage, timings, error, started, first)
-        if req.frame_geometry is not None:
-            # The model saw the resized frame; the phone acts on its own pixels.
-            answer_text = answer_to_original(answer_text, Geometry.of(req.frame_geometry), fmt)
-        return Outcome("ok", answer_text, finish, usage, timings, None, started, first)
+        if not isinstance(req.constraint, ActionsConstraint):
+            return Outcome("ok", answer_text, finish, usage, timings, None, started, first)
+        out = agent_answer(answer_text, finish, req.constraint, req.frame_geometry)
+        if isinstance(out, Cut):
+            # Never a partial action to a phone: the client gets a typed error.
+            metrics.ANSWERS_CUT.labels(req.constraint.action_format, out.reason).inc()
+            log.warning("worker.answer_cut", reason=out.reason, max_tokens=req.sampling.max_tokens,
+                        tokens=usage.completion_tokens)  # fmt: skip
+            error = ErrorInfo(code="answer_cut", reason=out.detail)
+            return Outcome("error", answer_text, finish, usage, timings, error, started, first)
+        return Outcome("ok", out.text, finish, usage, timings, None, started, first, out.answer)
 
     def _engine_died(self, exc: EngineDead) -> None:
         if self.dead is not None:

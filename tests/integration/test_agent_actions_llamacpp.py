@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from services.worker.output import AgentAnswer, Cut, agent_answer
 from switchyard.agentactions import (
     ANSWER_INSTRUCTIONS,
     answer_regex,
     answer_token_budget,
     parse_answer_text,
-    why_cut,
 )
 from switchyard.engines.base import EngineRequest
 from switchyard.engines.llamacpp import LlamaCppEngine, LlamaCppSettings
@@ -69,9 +69,10 @@ async def test_answers_keep_to_the_format_within_the_budget(
         last = deltas[-1]
         assert last.finish_reason == "stop", (text, last)
         assert last.completion_tokens <= budget
-        assert why_cut(text, last.finish_reason, fmt, chunk, thought) is None, text
-        answer = parse_answer_text(text, fmt, chunk=chunk, thought=thought)
-        assert 1 <= len(answer.actions) <= chunk
+        out = agent_answer(text, last.finish_reason, c, None)  # the worker's output step
+        assert isinstance(out, AgentAnswer), (text, out)
+        assert out.answer == parse_answer_text(text, fmt, chunk=chunk, thought=thought)
+        assert 1 <= len(out.answer.actions) <= chunk
         assert re.fullmatch(answer_regex(fmt, chunk, thought), text), text
 
 
@@ -80,5 +81,5 @@ async def test_an_answer_cut_at_max_tokens_is_recognised(engine: LlamaCppEngine)
     deltas = [d async for d in engine.generate(request("cut", SCREENS[1], c, 4))]
     text = "".join(d.text for d in deltas)
     assert deltas[-1].finish_reason == "length" and deltas[-1].completion_tokens == 4
-    cut = why_cut(text, "length", "json", 1, False)
-    assert cut is not None and cut[0] == "length"
+    cut = agent_answer(text, "length", c, None)
+    assert isinstance(cut, Cut) and cut.reason == "length"

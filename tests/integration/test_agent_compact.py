@@ -24,7 +24,7 @@ from services.preprocessor.settings import PreprocessorSettings
 from services.worker import metrics as worker_metrics
 from switchyard import subjects
 from switchyard.agentactions import answer_token_budget, parse_actions, parse_answer_text
-from switchyard.agentprompt import Geometry, answer_to_original
+from switchyard.agentprompt import Geometry
 from switchyard.bus.connection import Bus, connect
 from switchyard.codec import decode
 from switchyard.config import Settings
@@ -38,6 +38,7 @@ from switchyard.messages.inference import (
 )
 from tests.integration.test_agent_coords import ORIGINAL, frame
 from tests.integration.test_agent_path import final, send
+from tests.support.agentanswers import old_mapping
 from tests.support.edge import agent_fleet_with_edge, write_keys
 from tests.support.fleet import submit
 
@@ -140,7 +141,8 @@ async def test_compact_steps_on_the_bus_answer_mapped_actions(fleet: Fleet) -> N
         raw = final(await submit(fleet.bus, req.model_copy(
             update={"id": new_id(), "frame_geometry": None, "reply": None})))  # fmt: skip
         assert raw.status == "ok", raw.error
-        assert res.text == answer_to_original(raw.text, Geometry.of(req.frame_geometry), "compact")
+        assert res.text == old_mapping(raw.text, Geometry.of(req.frame_geometry), "compact")
+        assert res.actions == list(answer.actions) and res.thought == answer.thought
         for x, y in points(list(answer.actions)):
             assert 0 <= x < ORIGINAL[0] and 0 <= y < ORIGINAL[1]
         seen += len(points(list(answer.actions)))

@@ -31,13 +31,14 @@ from services.preprocessor.agent import limits_from, to_generate
 from services.preprocessor.images import PreparedFrame, prepare_frame
 from services.preprocessor.settings import PreprocessorSettings
 from switchyard.agentactions import parse_actions
-from switchyard.agentprompt import Geometry, answer_to_original
+from switchyard.agentprompt import Geometry
 from switchyard.bus.connection import Bus, connect
 from switchyard.config import Settings
 from switchyard.ids import new_id
-from switchyard.messages.agent import ActionFormat, AgentStep, RawFrame, StepOptions, parse_answer
+from switchyard.messages.agent import ActionFormat, AgentStep, RawFrame, StepOptions
 from switchyard.vlmgeometry import VLM_NAMES, VlmName
 from tests.integration.test_agent_path import final, send
+from tests.support.agentanswers import old_mapping
 from tests.support.edge import agent_fleet_with_edge, write_keys
 from tests.support.fleet import submit
 
@@ -124,7 +125,7 @@ async def raw_answer(f: Fleet, step: AgentStep) -> tuple[str, Geometry]:
 
 def points(text: str, fmt: ActionFormat = "json") -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
-    for a in parse_answer(text) if fmt == "json" else parse_actions(text, fmt):
+    for a in parse_actions(text, fmt):
         d = a.model_dump()
         out += [(d[x], d[y]) for x, y in (("x", "y"), ("x1", "y1"), ("x2", "y2")) if x in d]
     return out
@@ -150,7 +151,9 @@ async def test_nats_answers_are_mapped_to_the_original_frame(fleet: Fleet) -> No
         raw, geometry = await raw_answer(fleet, step)
         # The profile the prompt asked for is recorded with the frame the model saw.
         assert (geometry.width, geometry.height, geometry.vlm) == (*SEEN[fleet.vlm], fleet.vlm)
-        assert res.text == answer_to_original(raw, geometry, fmt)
+        # The text the worker wrote before it parsed once, and the actions it says, typed.
+        assert res.text == old_mapping(raw, geometry, fmt)
+        assert res.actions is not None and res.actions == parse_actions(res.text, fmt)
         assert points(res.text, fmt) == [by_hand(x, y, fleet.vlm) for x, y in points(raw, fmt)]
         for x, y in points(res.text, fmt):
             assert 0 <= x < ORIGINAL[0] and 0 <= y < ORIGINAL[1]
@@ -180,8 +183,12 @@ async def test_edge_answers_are_mapped_to_the_original_frame(fleet: Fleet) -> No
             )
             assert resp.status_code == 200, resp.text
             raw, geometry = await raw_answer(fleet, step)
-            expected = json.loads(answer_to_original(raw, geometry))
-            assert resp.json()["answer"] == expected
+            # The edge renders the worker's typed answer: what it answered before.
+            out = resp.json()
+            expected = json.loads(old_mapping(raw, geometry, "json"))
+            assert out["answer"] == expected and out["thought"] is None
+            actions = parse_actions(json.dumps(expected), "json")
+            assert out["actions"] == [a.model_dump() for a in actions]
             seen += len(points(json.dumps(expected)))
     assert seen > 0, "no answer carried coordinates; use more steps"
 

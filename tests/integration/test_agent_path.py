@@ -26,12 +26,13 @@ import pytest
 from PIL import Image, ImageDraw
 
 from switchyard import subjects
+from switchyard.agentactions import parse_actions
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
 from switchyard.config import Settings
 from switchyard.ids import new_id
-from switchyard.messages.agent import AgentStep, RawFrame, StepOptions, answer_schema, parse_answer
+from switchyard.messages.agent import AgentStep, RawFrame, StepOptions, answer_schema
 from switchyard.messages.inference import ErrorInfo, GenerateResult, TokenFrame
 from tests.support.fleet import (
     preprocessor_in_process,
@@ -160,7 +161,9 @@ def assert_valid_action(res: GenerateResult, step: AgentStep) -> None:
     assert res.request_id == step.id
     assert res.frame_ts == pytest.approx(step.frame_ts)  # the client can refuse an old action
     jsonschema.validate(json.loads(res.text), answer_schema())
-    assert len(parse_answer(res.text)) == 1
+    # The worker's output step typed the answer it wrote (both in the phone's pixels).
+    assert res.actions is not None and len(res.actions) == 1 and res.thought is None
+    assert res.actions == parse_actions(res.text, "json")
 
 
 async def test_png_step_returns_a_schema_valid_action(fleet: Fleet) -> None:

@@ -17,10 +17,12 @@ import httpx
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
+from services.edge.agent import StepIn
 from services.edge.app import create_app
 from services.edge.settings import EdgeSettings
+from switchyard.agentactions import parse_actions
 from switchyard.ids import new_id
-from switchyard.messages.agent import answer_schema, parse_answer
+from switchyard.messages.agent import MAX_FRAMES, answer_schema
 from tests.integration.test_agent_path import png_frame, png_with_header
 from tests.support.edge import agent_fleet_with_edge, write_keys
 
@@ -66,7 +68,8 @@ def assert_action(resp: httpx.Response, sent_ts: float) -> dict[str, Any]:
     assert out["request_id"] == resp.headers["x-request-id"]
     assert out["frame_ts"] == pytest.approx(sent_ts)
     jsonschema.validate(out["answer"], answer_schema())
-    assert len(parse_answer(json.dumps(out["answer"]))) == len(out["actions"]) == 1
+    actions = parse_actions(json.dumps(out["answer"]), "json")
+    assert [a.model_dump() for a in actions] == out["actions"] and len(actions) == 1
     assert out["usage"]["prompt_tokens"] > 0
     assert out["timings"]["edge"] > 0 and out["timings"]["total"] > 0
     return out
@@ -198,3 +201,15 @@ def test_openapi_documents_both_encodings() -> None:
     op = create_app(EdgeSettings()).openapi()["paths"]["/v1/agent/step"]["post"]
     assert set(op["requestBody"]["content"]) == {"application/json", "multipart/form-data"}
     assert {"409", "413", "422", "429", "504"} <= set(op["responses"])
+    # Both encodings are the step's own fields (the bus's caps) and its frames.
+    content = op["requestBody"]["content"]
+    for encoding in ("application/json", "multipart/form-data"):
+        schema = content[encoding]["schema"]
+        assert set(schema["properties"]) == {"frames", *StepIn.model_fields}, encoding
+        assert set(schema["required"]) == {"frames", "session", "frame_ts"}, encoding
+        assert schema["properties"]["history"]["maxItems"] == 256
+        assert schema["properties"]["goal"]["maxLength"] == 2048
+        assert schema["properties"]["frames"]["maxItems"] == MAX_FRAMES
+    form = content["multipart/form-data"]["schema"]["properties"]
+    assert form["sent_at"]["type"] == "number" and "anyOf" not in form["sent_at"]
+    assert form["options"]["type"] == "string"

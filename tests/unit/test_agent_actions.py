@@ -1,6 +1,6 @@
 """Agent answer formats (`switchyard.agentactions`): the grammar, its regex, the parser and
 the encoder agree with each other and with the pydantic action models; the sim writes
-valid answers; cut answers are recognised; coordinates map back in either format."""
+valid answers (the worker's output step, cut answers and mapping: test_worker_output.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import re
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
+from services.worker.output import Cut, agent_answer
 from switchyard.agentactions import (
     ACTION_FORMATS,
     COORD,
@@ -27,24 +28,23 @@ from switchyard.agentactions import (
     longest_answers,
     parse_actions,
     parse_answer_text,
-    why_cut,
 )
-from switchyard.agentprompt import Geometry, answer_to_original
 from switchyard.engines.base import EngineRequest
 from switchyard.engines.sim import SimEngine, SimSettings
 from switchyard.engines.sim_output import ACTION_KINDS, sim_action, sim_answer
 from switchyard.engines.sim_tokens import pseudo_tokens
 from switchyard.messages.agent import (
     MAX_CHUNK,
+    ActionAnswer,
     ActionFormat,
     Back,
+    ChunkAnswer,
     Click,
     LongPress,
     Swipe,
     TypeText,
     Wait,
     answer_schema,
-    parse_answer,
 )
 from switchyard.messages.inference import ActionsConstraint, ChatMessage, Image, Sampling
 
@@ -92,7 +92,9 @@ def test_sim_answers_parse_match_the_regex_and_fill_the_chunk() -> None:
         wrapped = is_wrapped(k, thought)
         assert encode_answer(answer, fmt, wrapped=wrapped) == text
         if fmt == "json":  # the JSON contract: pydantic parse and the published schema agree
-            assert parse_answer(text) == list(answer.actions)
+            parsed = (ChunkAnswer.model_validate_json(text).actions if wrapped
+                      else [ActionAnswer.model_validate_json(text).root])  # fmt: skip
+            assert parsed == list(answer.actions)
             jsonschema.validate(json.loads(text), answer_schema(k, thought))
 
 
@@ -233,31 +235,6 @@ def test_budgets_hold_the_longest_answers_for_the_sim_too() -> None:
         answer_token_budget("json", MAX_CHUNK + 1)
 
 
-def test_why_cut() -> None:
-    assert why_cut("click 520 1180", "stop", "compact", 1, False) is None
-    cut = why_cut("click 520 11", "length", "compact", 1, False)  # parses, but was cut
-    assert cut is not None and cut[0] == "length"
-    bad = why_cut('{"type":"click","x":5', "stop", "json", 1, False)
-    assert bad is not None and bad[0] == "unparseable"
-    too_many = why_cut("back\nback", "stop", "compact", 1, False)
-    assert too_many is not None and too_many[0] == "unparseable"
-
-
-# -- coordinates back to the original frame ---------------------------------------------
-
-
-def test_compact_answers_map_to_original_pixels_and_stay_compact() -> None:
-    g = Geometry(orig_width=1280, orig_height=720, width=308, height=168, vlm="qwen2.5-vl")
-    assert answer_to_original("click 154 84", g, "compact") == "click 642 362"
-    out = answer_to_original("# close it\nswipe 0 0 307 167 300\nback\nlong_press 9999 5 800",
-                             g, "compact")  # fmt: skip
-    assert out == "# close it\nswipe 2 2 1277 717 300\nback\nlong_press 1279 23 800"
-    assert answer_to_original("click 154", g, "compact") == "click 154"  # not an answer
-    # The same answer in JSON maps to the same points.
-    js = answer_to_original('{"type":"click","x":154,"y":84}', g)
-    assert parse_actions(js, "json") == parse_actions("click 642 362", "compact")
-
-
 # -- the sim engine answers the constraint -----------------------------------------------
 
 
@@ -289,7 +266,7 @@ async def test_the_sim_engine_answers_valid_actions_with_their_token_count() -> 
                               constraint=ActionsConstraint(action_format="json"))  # fmt: skip
         deltas = [d async for d in engine.generate(short)]
         assert deltas[-1].finish_reason == "length"
-        cut = why_cut("".join(d.text for d in deltas), "length", "json", 1, False)
-        assert cut is not None
+        cut = agent_answer("".join(d.text for d in deltas), "length", ActionsConstraint(), None)
+        assert isinstance(cut, Cut) and cut.reason == "length"
     finally:
         await engine.close()

@@ -3,13 +3,11 @@ answer mapping."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import replace
 
 import pytest
 
-from switchyard.agentprompt import Geometry, answer_to_original
 from switchyard.bench.agentsearch import LoadResult, explain_limit, judge, limit_of, next_load
 from switchyard.bench.agentsim import (
     AgentSimConfig,
@@ -103,26 +101,6 @@ def test_search_ends_at_the_top_rung_or_below_the_first() -> None:
     assert search(10_000, ladder, resolution=10) == [50, 100, 200]
     assert search(20, ladder, resolution=10) == [50]  # capacity below the first rung
     assert search(60, ladder, resolution=10) == [50, 100, 75, 62, 56]
-
-
-def test_answers_map_to_original_pixels_in_both_shapes() -> None:
-    g = Geometry(orig_width=1280, orig_height=720, width=308, height=168, vlm="qwen2.5-vl")
-    bare = answer_to_original('{"type":"click","x":154,"y":84}', g)
-    assert json.loads(bare) == {"type": "click", "x": 642, "y": 362}
-    chunk = answer_to_original(
-        '{"thought":"close it","actions":[{"type":"swipe","x1":0,"y1":0,"x2":307,"y2":167,'
-        '"ms":300},{"type":"back"},{"type":"long_press","x":9999,"y":5,"ms":800}]}',
-        g,
-    )
-    out = json.loads(chunk)
-    assert out["thought"] == "close it"
-    assert out["actions"][0] == {"type": "swipe", "x1": 2, "y1": 2, "x2": 1277, "y2": 717,
-                                 "ms": 300}  # fmt: skip
-    assert out["actions"][1] == {"type": "back"}
-    assert out["actions"][2]["x"] == 1279  # off-screen model output lands on the edge
-    assert answer_to_original('{"type":"click","x":', g) == '{"type":"click","x":'  # untouched
-    same = Geometry(orig_width=308, orig_height=168, width=308, height=168, vlm="qwen2.5-vl")
-    assert json.loads(answer_to_original('{"type":"click","x":10,"y":20}', same))["x"] == 10
 
 
 def load(phones: int, dispatch: float, passed: bool) -> LoadResult:

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from switchyard.messages.inference import ChatMessage, GenerateRequest
-from switchyard.requestpolicy import NewestSteps, Refusal, Tombstones, staleness, verdict
+from switchyard.requestpolicy import (
+    NewestSteps,
+    Refusal,
+    Tombstones,
+    stale_frame,
+    staleness,
+    verdict,
+)
 
 NOW = 1_700_000_000.0
 
@@ -39,6 +46,19 @@ def test_a_frame_older_than_its_budget_is_stale() -> None:
     # No budget, or no frame: never stale.
     assert verdict(request(frame_ts=NOW - 3600), NOW, where="x") is None
     assert verdict(request(stale_after=0.1), NOW, where="x") is None
+
+
+def test_a_step_is_judged_by_the_same_rule_before_it_is_a_request() -> None:
+    """The preprocessor's check (`stale_frame`, the age it measured on the fleet's clock)
+    says what the request's would, in the same words."""
+    refusal = stale_frame(3.5, 2.0, where="at preprocessing")
+    assert refusal == Refusal(
+        "stale", "stale", "frame is 3.500s old at preprocessing, budget 2.000s"
+    )
+    assert stale_frame(2.0, 2.0, where="x") is None  # at its budget, not over it
+    assert stale_frame(None, 2.0, where="x") is None and stale_frame(9.0, None, where="x") is None
+    req = request(frame_ts=NOW - 3.5, stale_after=2.0)
+    assert staleness(req, NOW, where="at preprocessing") == refusal
 
 
 def test_a_request_past_its_deadline_is_expired() -> None:

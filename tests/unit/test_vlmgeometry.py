@@ -30,7 +30,6 @@ from switchyard.agentactions import (
 from switchyard.agentprompt import (
     SYSTEM_PROMPTS,
     Geometry,
-    answer_to_original,
     build_messages,
     fit,
     system_prompt,
@@ -146,16 +145,6 @@ def test_pixel_coordinates_still_map_by_the_resized_frame() -> None:
     assert g.to_original(0, 0) == (2, 2) and g.to_original(307, 167) == (1277, 717)
     # The same numbers read as relative land elsewhere: the profile decides.
     assert Geometry(1280, 720, 308, 168, "qwen3-vl").to_original(154, 84) == (197, 60)
-
-
-def test_answers_map_in_both_formats_for_a_relative_profile() -> None:
-    g = Geometry(1080, 2400, 704, 1280, "qwen3-vl")
-    assert answer_to_original("click 500 250", g, "compact") == "click 540 600"
-    out = answer_to_original("# swipe up\nswipe 500 900 500 100 300\nlong_press 1000 0 800", g,
-                             "compact")  # fmt: skip
-    assert out == "# swipe up\nswipe 540 2160 540 240 300\nlong_press 1079 0 800"
-    js = answer_to_original('{"type":"click","x":500,"y":250}', g)
-    assert parse_actions(js, "json") == parse_actions("click 540 600", "compact")
 
 
 def test_the_request_carries_the_profile_and_old_messages_mean_qwen25() -> None:

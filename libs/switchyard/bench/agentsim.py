@@ -2,15 +2,14 @@
 
 A phone captures a frame, sends the step (its current frame - and the previous
 one for the `pair` layout - with the action history as text) on
-`agent.in.<tenant>`, receives the answer on its reply inbox, validates it with
-the parser of the step's action format (`agentactions.parse_answer_text`) and
-executes its actions, `act_ms` each (a chunk of up to K, `StepOptions.chunk`),
-before it captures the next frame. That is the synchronous phone. With
-`asynchronous` ([S0] 2.3, asynchronous inference) it captures and sends the
-next step while the chunk still executes, `lead_ms` before the chunk ends (by
-default one action: when its last action starts), and switches to a newer
-answer as soon as it has one, at the next action boundary (the rest of the
-older chunk is dropped). When a chunk has ended and the answer it waits for is
+`agent.in.<tenant>`, receives the answer on its reply inbox (its actions as the
+worker parsed them, `GenerateResult.actions`) and executes them, `act_ms` each (a
+chunk of up to K, `StepOptions.chunk`), before it captures the next frame. That
+is the synchronous phone. With `asynchronous` ([S0] 2.3, asynchronous inference)
+it captures and sends the next step while the chunk still executes, `lead_ms`
+before the chunk ends (by default one action: when its last action starts), and
+switches to a newer answer as soon as it has one, at the next action boundary
+(the rest of the older chunk is dropped). When a chunk has ended and the answer it waits for is
 not in, its screen has moved on since that step's frame: it sends a fresh step
 at once, which supersedes the older one in the fleet. Answers that are not ok
 (`stale`, `superseded`, errors) are never executed, nor an ok answer older than
@@ -75,12 +74,7 @@ from dataclasses import asdict, dataclass, field
 from typing import cast
 
 from switchyard import eventloop, subjects
-from switchyard.agentactions import (
-    ActionFormatError,
-    Answer,
-    encode_answer,
-    parse_answer_text,
-)
+from switchyard.agentactions import Answer, encode_answer
 from switchyard.agentprompt import (
     DEFAULT_LAYOUT,
     DEFAULT_WINDOW,
@@ -555,12 +549,10 @@ class _Phone:
                 rec.cached_tokens = res.usage.cached_tokens
                 rec.output_tokens = res.usage.completion_tokens
                 _timings_into(rec, res.timings)
-                if res.status == "ok":
-                    with contextlib.suppress(ActionFormatError):
-                        answer = parse_answer_text(res.text, self.cfg.action_format,
-                                                   chunk=self.cfg.chunk, thought=False)  # fmt: skip
-                        actions, rec.valid = list(answer.actions), True
-                        rec.actions = len(actions)
+                if res.status == "ok" and res.actions is not None:
+                    # The worker's output step parsed and checked it, in the phone's pixels.
+                    actions, rec.valid = list(res.actions), True
+                    rec.actions = len(actions)
             elif last is not None and last.error is not None:
                 rec.status, rec.code = "rejected", last.error.code
         except StreamTimeout:

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, RootModel, StringConstraints
 
-from switchyard.envelope import Envelope, Model, ShortText, UnixTime
+from switchyard.envelope import Envelope, Model, SessionId, ShortText, UnixTime
 
 # A raw upload may be larger than the bus limit would allow for two frames;
 # the edge enforces the HTTP cap, this is the bus-level cap per frame.
@@ -30,7 +30,7 @@ class StepOptions(Model):
     chunk: int = Field(default=1, ge=1, le=5, description="actions per answer (action chunking)")
     thought: bool = Field(default=False, description="allow a very short thought")
     action_format: ActionFormat = Field(
-        default="json",
+        default=DEFAULT_ACTION_FORMAT,
         description="`json` objects or `compact` lines (`click 520 1180`), one action a line",
     )
     # None: what the format and chunk need (`agentactions.answer_token_budget`). A value
@@ -39,23 +39,43 @@ class StepOptions(Model):
     max_tokens: int | None = Field(default=None, ge=8, le=512)
 
 
-class AgentStep(Envelope):
-    """One step of an episode, on `agent.in.<tenant>`. `session` is the episode id."""
+MAX_FRAMES = 2  # a step's frames: the current one, maybe the previous one first
 
-    kind: Literal["agent.step"] = "agent.step"
-    frames: Annotated[list[RawFrame], Field(min_length=1, max_length=2)]
+
+class StepFields(Model):
+    """What a client says about one step besides its frames: the fields and caps of every
+    encoding (the edge's JSON body and multipart form derive theirs from it, `AgentStep`
+    carries them on the bus)."""
+
+    # The envelope's `session`, described: a step without one is an episode of its own
+    # (the edge requires one).
+    session: SessionId | None = Field(
+        default=None, description="episode id (session affinity, KV reuse)"
+    )
+    # Required for steps: staleness is measured from it.
+    frame_ts: UnixTime = Field(description="Unix seconds the (current) frame was captured")
+    # The client's clock when it sent the step, for the fleet's estimate of that clock's
+    # offset (services/preprocessor/clock.py). Unset, `created_at` stands for it: a client
+    # publishing on the bus stamps that from its own clock; the edge copies the HTTP field.
+    sent_at: UnixTime | None = Field(
+        default=None,
+        description="Unix seconds on the client's clock when it sent the step: lets the "
+        "fleet estimate that clock's offset, so a skewed clock neither drops nor passes frames",
+    )
+    step: int = Field(default=0, ge=0)
+    stale_after: float = Field(default=2.0, gt=0, le=3600, description="frame age budget, s")
     goal: Annotated[str, StringConstraints(max_length=2048)] = ""
     history: Annotated[
         list[Annotated[str, StringConstraints(max_length=512)]], Field(max_length=256)
     ] = []
     options: StepOptions = StepOptions()
-    stale_after: float = Field(default=2.0, gt=0, le=3600)
-    step: int = Field(default=0, ge=0)
-    frame_ts: UnixTime  # required for steps: staleness is measured from it
-    # The client's clock when it sent the step, for the fleet's estimate of that clock's
-    # offset (services/preprocessor/clock.py). Unset, `created_at` stands for it: a client
-    # publishing on the bus stamps that from its own clock; the edge copies the HTTP field.
-    sent_at: UnixTime | None = None
+
+
+class AgentStep(StepFields, Envelope):
+    """One step of an episode, on `agent.in.<tenant>`: the client's fields and its frames."""
+
+    kind: Literal["agent.step"] = "agent.step"
+    frames: Annotated[list[RawFrame], Field(min_length=1, max_length=MAX_FRAMES)]
 
 
 class Click(Model):
@@ -145,11 +165,3 @@ def _require_type(schema: dict[str, Any]) -> dict[str, Any]:
         if "type" in definition.get("properties", {}):
             definition["required"] = ["type", *definition.get("required", [])]
     return schema
-
-
-def parse_answer(text: str) -> list[Action]:
-    """The actions of an answer in either shape; raises `ValueError` if it is not one."""
-    stripped = text.strip()
-    if stripped.startswith("{") and '"actions"' in stripped:
-        return list(ChunkAnswer.model_validate_json(stripped).actions)
-    return [ActionAnswer.model_validate_json(stripped).root]

@@ -18,7 +18,7 @@ from switchyard.envelope import (
     UnixTime,
 )
 from switchyard.errors import ErrorCode
-from switchyard.messages.agent import MAX_CHUNK, ActionFormat
+from switchyard.messages.agent import MAX_CHUNK, MAX_THOUGHT_CHARS, Action, ActionFormat
 from switchyard.vlmgeometry import VlmName
 
 Workload = Literal["agent", "sql", "llm"]
@@ -322,6 +322,11 @@ class GenerateResult(Envelope):
     worker: ShortText | None = None
     error: ErrorInfo | None = None
     route: Route | None = None
+    # An agent step answered `ok`: what its answer says, parsed once by the worker's output
+    # step (services/worker/output.py) and in the phone's pixels; `text` is the same answer
+    # as written, in the step's format. None for every other result.
+    actions: Annotated[list[Action], Field(min_length=1, max_length=MAX_CHUNK)] | None = None
+    thought: Annotated[str, StringConstraints(max_length=MAX_THOUGHT_CHARS)] | None = None
 
 
 class Cancel(Envelope):

@@ -66,10 +66,7 @@ async def agent_step(
     check_frames(step_in.frames, settings.max_frame_bytes)
     f = step_in.fields
     step = AgentStep(
-        id=request_id(request), tenant=who.tenant, session=f.session, frame_ts=f.frame_ts,
-        sent_at=f.sent_at,
-        step=f.step, stale_after=f.stale_after, goal=f.goal, history=f.history,
-        options=f.options,
+        **dict(f), id=request_id(request), tenant=who.tenant,
         frames=[RawFrame(data=data, mime=mime[:100] or "application/octet-stream")
                 for data, mime in step_in.frames],
         deadline=time.time() + settings.agent_timeout, trace=traceparent(request),
