@@ -103,13 +103,14 @@ def test_max_tokens_is_derived_from_format_and_chunk_never_below() -> None:
     img = prepare_frame(step.frames[0].data, limits_from(pre))
     assert isinstance(img, PreparedFrame)
     for opts, want in [
-        (StepOptions(), answer_token_budget("json", 1)),
+        (StepOptions(), answer_token_budget("compact", 1)),  # the default format
+        (StepOptions(action_format="json"), answer_token_budget("json", 1)),
         (StepOptions(action_format="compact", chunk=3), answer_token_budget("compact", 3)),
         (StepOptions(action_format="compact", chunk=5, max_tokens=8),  # asked for too few
          answer_token_budget("compact", 5)),
         (StepOptions(action_format="compact", max_tokens=60), 60),  # more, within the cap
         (StepOptions(action_format="compact", max_tokens=500), 64),  # capped at the setting
-        (StepOptions(chunk=2, thought=True), answer_token_budget("json", 2, True)),
+        (StepOptions(chunk=2, thought=True), answer_token_budget("compact", 2, True)),
     ]:  # fmt: skip
         req = to_generate(step.model_copy(update={"options": opts}), [img], pre)
         assert req.sampling.max_tokens == want, opts
@@ -119,8 +120,8 @@ def test_max_tokens_is_derived_from_format_and_chunk_never_below() -> None:
     no_thought = PreprocessorSettings(allow_thought=False)
     req = to_generate(step.model_copy(update={"options": StepOptions(thought=True)}), [img],
                       no_thought)  # fmt: skip
-    assert req.constraint == ActionsConstraint(thought=False)
-    assert req.sampling.max_tokens == answer_token_budget("json", 1, False)
+    assert req.constraint == ActionsConstraint(action_format="compact", thought=False)
+    assert req.sampling.max_tokens == answer_token_budget("compact", 1, False)
 
 
 async def test_compact_steps_on_the_bus_answer_mapped_actions(fleet: Fleet) -> None:

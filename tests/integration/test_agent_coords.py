@@ -176,7 +176,8 @@ async def test_edge_answers_are_mapped_to_the_original_frame(fleet: Fleet) -> No
                 "frames": [{"data": base64.b64encode(step.frames[0].data).decode(),
                             "mime": "image/png"}],
                 "session": session, "frame_ts": step.frame_ts, "stale_after": 120.0, "step": k,
-                "goal": step.goal, "history": step.history, "options": {"max_tokens": 48},
+                "goal": step.goal, "history": step.history,
+                "options": {"max_tokens": 48, "action_format": "json"},  # as `step`'s
             }  # fmt: skip
             resp = await http.post(
                 "/v1/agent/step", json=body, headers={"Authorization": f"Bearer {KEY}"}

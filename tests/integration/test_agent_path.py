@@ -32,7 +32,7 @@ from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
 from switchyard.config import Settings
 from switchyard.ids import new_id
-from switchyard.messages.agent import AgentStep, RawFrame, StepOptions, answer_schema
+from switchyard.messages.agent import ActionFormat, AgentStep, RawFrame, StepOptions, answer_schema
 from switchyard.messages.inference import ErrorInfo, GenerateResult, TokenFrame
 from tests.support.fleet import (
     preprocessor_in_process,
@@ -117,13 +117,14 @@ def gif_frame() -> bytes:
 
 def make_step(
     frames: list[bytes], *, session: str, step: int = 0, history: list[str] | None = None,
-    frame_ts: float | None = None, stale_after: float = 120.0,
+    frame_ts: float | None = None, stale_after: float = 120.0, fmt: ActionFormat = "json",
 ) -> AgentStep:  # fmt: skip
     return AgentStep(
         tenant=TENANT, session=session, step=step, history=history or [],
         frame_ts=time.time() if frame_ts is None else frame_ts, stale_after=stale_after,
         frames=[RawFrame(data=f, mime="image/png") for f in frames],
-        goal="collect the daily reward", options=StepOptions(max_tokens=MAX_TOKENS),
+        goal="collect the daily reward",
+        options=StepOptions(max_tokens=MAX_TOKENS, action_format=fmt),
     )  # fmt: skip
 
 
@@ -160,10 +161,12 @@ def assert_valid_action(res: GenerateResult, step: AgentStep) -> None:
     assert res.status == "ok", res.error
     assert res.request_id == step.id
     assert res.frame_ts == pytest.approx(step.frame_ts)  # the client can refuse an old action
-    jsonschema.validate(json.loads(res.text), answer_schema())
+    fmt = step.options.action_format
+    if fmt == "json":
+        jsonschema.validate(json.loads(res.text), answer_schema())
     # The worker's output step typed the answer it wrote (both in the phone's pixels).
     assert res.actions is not None and len(res.actions) == 1 and res.thought is None
-    assert res.actions == parse_actions(res.text, "json")
+    assert res.actions == parse_actions(res.text, fmt)
 
 
 async def test_png_step_returns_a_schema_valid_action(fleet: Fleet) -> None:
