@@ -18,6 +18,7 @@ from switchyard.bus.connection import Bus
 from switchyard.codec import decode
 from switchyard.messages.sql import AuditEvent, ExecuteReply, SqlAnswer, StageEvent
 from switchyard.sqldb import executor as executor_module
+from switchyard.sqldb import runner
 from switchyard.text2sql.client import ask_question
 from switchyard.text2sql.knowledge import KnowledgeStore
 from switchyard.text2sql.pipeline import NOT_GENERATED
@@ -35,7 +36,7 @@ REFUSE_EVERY_PLAN = {"sql_explain_max_rows": 1, "sql_explain_large_table_rows": 
 def explains(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every EXPLAIN the executor sends to MariaDB (the real call, counted)."""
     sent: list[str] = []
-    real = executor_module.explain
+    real = runner.explain
 
     async def counted(conn: Any, sql: str, timeout: float) -> list[dict[str, Any]]:
         sent.append(sql)
