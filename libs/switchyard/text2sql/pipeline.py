@@ -488,13 +488,12 @@ class Pipeline:
             await run.stage("cache", 0.0, cache="result")
             attempt.rows = cached
             return attempt
-        # One call: the executor's EXPLAIN gate decides, then the statement runs. A refusal
-        # without `gate_passed` (the plan, or a check before it) is the "explain" stage's.
+        # One call: the executor's EXPLAIN gate, then the run; a refusal without
+        # `gate_passed` (the plan, or a check before it) is the "explain" stage's.
         t = time.perf_counter()
         rows = await self.guard.run(ask.tenant, verdict, database, max_rows=ask.max_rows,
                                     gate=True, trace=ask.trace)  # fmt: skip
-        took = time.perf_counter() - t
-        # The stages split the round trip: the statement's own time is the run's.
+        took = time.perf_counter() - t  # split: the statement's own time is the run's
         ran = min(took, rows.db_duration or 0.0) if rows.gate_passed else 0.0
         await run.stage("explain", took - ran, ok=rows.gate_passed,
                         rule=None if rows.gate_passed else rows.rule,
