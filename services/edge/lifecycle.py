@@ -192,7 +192,8 @@ async def request_lifecycle(
                 yield Replay(state, message.tenant, key, workload, final, held, mine)
                 return
             adopting, message = True, message.model_copy(update={"id": held.request_id})
-    reply: Reply[Final] = Reply(state.bus, final, idle_timeout=idle_timeout or state.settings.idle_timeout)
+    idle = idle_timeout or state.settings.idle_timeout
+    reply: Reply[Final] = Reply(state.bus, final, idle_timeout=idle)
     try:
         stored = await reply.start(sends(message, state.settings.chat_pool),
                                    patience=INGRESS_PATIENCE)  # fmt: skip

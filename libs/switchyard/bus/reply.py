@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from types import TracebackType
 from typing import Generic, Self, TypeVar, get_args
 
 from nats.aio.client import Client
@@ -71,10 +70,11 @@ def failure(final: GenerateResult | SqlAnswer) -> ErrorInfo | None:
 
 async def cancel(nc: Client, tenant: str, request_id: str, reason: str) -> None:
     """Tell the router, the workers and sqlflow to stop `request_id` (core NATS: fire and
-    forget; flushed, since an asker that cancels is often about to go)."""
+    forget; flushed, since an asker that cancels is often about to go, but for a second at
+    most: on a connection between servers the flush would wait nats-py's 10 s for nothing)."""
     message = Cancel(tenant=tenant, request_id=request_id, reason=reason)
     await nc.publish(subjects.cancel(request_id), encode(message))
-    await nc.flush()
+    await nc.flush(timeout=1)
 
 
 class Reply(Generic[Final]):
@@ -101,12 +101,7 @@ class Reply(Generic[Final]):
         await self._frames.__aenter__()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def start(
