@@ -89,8 +89,7 @@ class Reply(Generic[Final]):
             if final is GenerateResult
             else Inbox(bus.nc, idle_timeout=idle_timeout)
         )
-        self.request_id = ""
-        self.tenant = ""
+        self.request_id = self.tenant = ""
         self.finished = False  # the final (or an error frame) came, or the reply broke
 
     @property

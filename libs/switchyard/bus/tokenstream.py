@@ -21,7 +21,6 @@ import contextlib
 import time
 import weakref
 from collections.abc import AsyncIterator
-from types import TracebackType
 from typing import Self
 
 from nats.aio.client import Client
@@ -165,10 +164,7 @@ class Inbox:
         self.idle_timeout = idle_timeout
         self.max_frames = max_frames
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()
-        inboxes = _INBOXES.get(nc)
-        if inboxes is None:
-            inboxes = _INBOXES[nc] = _Inboxes(nc)
-        self._inboxes = inboxes
+        self._inboxes = _INBOXES.get(nc) or _INBOXES.setdefault(nc, _Inboxes(nc))
         self._heard = time.monotonic()  # the last message (or the start): the idle clock
 
     async def __aenter__(self) -> Self:
@@ -176,12 +172,7 @@ class Inbox:
         self._heard = time.monotonic()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self._inboxes.close(self.inbox)
 
     async def message(self, timeout: float | None = None) -> Msg | None:
@@ -195,10 +186,8 @@ class Inbox:
             now = time.monotonic()
             idle_left = self._heard + self.idle_timeout - now
             if idle_left <= 0:
-                raise StreamTimeout(
-                    f"reply inbox {self.inbox} silent for {self.idle_timeout}s after "
-                    f"{self._progress()} without an end-of-stream frame"
-                )
+                silent = f"{self.inbox} silent for {self.idle_timeout}s"
+                raise StreamTimeout(f"reply inbox {silent} without an end-of-stream frame")
             wait = idle_left if deadline is None else min(idle_left, deadline - now)
             if wait <= 0:
                 return None
@@ -209,9 +198,6 @@ class Inbox:
                 continue
             self._heard = time.monotonic()
             return msg
-
-    def _progress(self) -> str:
-        return "its last message"
 
 
 class TokenStreamReader(Inbox):
@@ -252,9 +238,6 @@ class TokenStreamReader(Inbox):
                 return None
             self._take(msg)
         return self._ready.popleft()
-
-    def _progress(self) -> str:
-        return f"{self._expected} frame(s)"
 
     def _take(self, msg: Msg) -> None:
         """Order one arrived frame in; what is now in order goes to `_ready`."""
