@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import Any, Generic
 
@@ -32,18 +33,18 @@ def event(payload: BaseModel | dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-class Render(Generic[Final]):
+class Render(ABC, Generic[Final]):
     """What a route's stream says: before the reply, for each progress item, for the
     final (storing it under the Idempotency-Key: `Flight.finish`), for an error."""
 
     def opening(self) -> list[str]:
         return []
 
-    def progress(self, item: Progress) -> str | None:
-        raise NotImplementedError
+    @abstractmethod
+    def progress(self, item: Progress) -> str | None: ...
 
-    async def final(self, flight: Flight[Final], final: Final) -> list[str]:
-        raise NotImplementedError
+    @abstractmethod
+    async def final(self, flight: Flight[Final], final: Final) -> list[str]: ...
 
     def error(self, error: ApiError, request_id: str) -> str:
         return event(error.body(request_id))
