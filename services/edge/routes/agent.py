@@ -25,6 +25,7 @@ from services.edge.lifecycle import Replay, request_lifecycle
 from services.edge.replies import json_answer
 from services.edge.state import State, Who, request_id, traceparent
 from switchyard.messages.agent import AgentStep, RawFrame
+from switchyard.messages.inference import GenerateResult
 
 router = APIRouter(tags=["agent"])
 
@@ -73,8 +74,8 @@ async def agent_step(
     )  # fmt: skip
 
     async with request_lifecycle(
-        state, request, "agent", step, key=idempotency_key,
-        fingerprint=step_fingerprint(step_in), statuses=AGENT_STATUS,
+        state, request, "agent", GenerateResult, step, key=idempotency_key,
+        fingerprint=lambda: step_fingerprint(step_in), statuses=AGENT_STATUS,
     ) as flight:  # fmt: skip
         if isinstance(flight, Replay):
             return await replay(flight, step_in, started)
@@ -85,7 +86,7 @@ async def agent_step(
     return json_answer(out)
 
 
-async def replay(retry: Replay, step_in: StepInput, started: float) -> Response:
+async def replay(retry: Replay[GenerateResult], step_in: StepInput, started: float) -> Response:
     """A retried step (same tenant, same key): the original's answer, never a new run."""
     result = await retry.result()
     if result.status != "ok":
