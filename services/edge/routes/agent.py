@@ -17,11 +17,10 @@ from services.edge.agent import (
     openapi_request_body,
     parse_json,
     parse_multipart,
-    replay_failure,
     response_of,
 )
 from services.edge.errors import API_ERRORS, ApiError, Forbidden
-from services.edge.lifecycle import Replay, request_lifecycle
+from services.edge.lifecycle import Replay, refusal, request_lifecycle
 from services.edge.replies import json_answer
 from services.edge.state import State, Who, request_id, traceparent
 from switchyard.messages.agent import AgentStep, RawFrame
@@ -89,8 +88,8 @@ async def agent_step(
 async def replay(retry: Replay[GenerateResult], step_in: StepInput, started: float) -> Response:
     """A retried step (same tenant, same key): the original's answer, never a new run."""
     result = await retry.result()
-    if result.status != "ok":
-        raise replay_failure(result)
+    if (error := refusal(result, AGENT_STATUS)) is not None:
+        raise error
     out = response_of(result, step_in.fields, time.perf_counter() - started, time.time())
     return json_answer(out, retry.headers)
 
