@@ -1,10 +1,12 @@
-"""Answering a request exactly once, whoever answers it (preprocessor, router or worker).
+"""Answering a request exactly once, whoever answers it (preprocessor, router, worker, sqlflow).
 
-The result goes to `RES` first, deduplicated by `res-<request id>`: if an
+The final goes to `RES` first, deduplicated by `res-<request id>`: if an
 earlier attempt (a worker that died after answering, a router restarted
-mid-dispatch) already answered, the stream says so and nothing is sent twice.
-Then the reply inbox gets the terminal frame: `end` with the result, or
-`error` with the reason when the request was refused or failed.
+mid-dispatch, a question redelivered) already answered, the stream says so and
+nothing is sent twice. Then the reply inbox gets it (`bus.reply` reads it): a
+`GenerateResult` as the token stream's terminal frame (`end` with the result, or
+`error` with the reason when the request was refused or failed), a `SqlAnswer`
+as itself after the question's stages.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from nats.js import JetStreamContext
 from switchyard import subjects
 from switchyard.bus.publish import FAILOVER_PATIENCE, publish
 from switchyard.bus.tokenstream import TokenStreamWriter
+from switchyard.codec import encode
 from switchyard.envelope import Envelope
 from switchyard.messages.inference import (
     ErrorInfo,
@@ -27,6 +30,7 @@ from switchyard.messages.inference import (
     Timings,
     Workload,
 )
+from switchyard.messages.sql import SqlAnswer
 
 
 def route_of(
@@ -90,18 +94,24 @@ def _result(
 async def answer(
     nc: Client,
     js: JetStreamContext,
-    result: GenerateResult,
+    result: GenerateResult | SqlAnswer,
     reply: str | None,
     writer: TokenStreamWriter | None = None,
 ) -> bool:
     """Publish `result` and end the reply stream (`writer`, if one is already open on
     `reply`); False if the request was already answered."""
+    workload = "sql" if isinstance(result, SqlAnswer) else result.workload
     ack = await publish(
-        js, subjects.res(result.workload, result.tenant), result,
+        js, subjects.res(workload, result.tenant), result,
         msg_id=f"res-{result.request_id}", patience=FAILOVER_PATIENCE,
     )  # fmt: skip
     if ack.duplicate:
         return False
+    if isinstance(result, SqlAnswer):
+        if reply:
+            await nc.publish(reply, encode(result))
+            await nc.flush()
+        return True
     if writer is None and reply:
         writer = TokenStreamWriter(nc, reply)
     if writer is not None:

@@ -71,7 +71,3 @@ class StreamTimeout(SwitchyardError):
     """A token stream went silent before its end-of-stream frame."""
 
     code: ErrorCode = "timeout"
-
-
-class RemoteError(SwitchyardError):
-    """An error frame or error reply from another service."""

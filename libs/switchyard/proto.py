@@ -124,8 +124,6 @@ CHANNELS: tuple[Channel, ...] = (
             "Request/reply: validate SQL for a tenant.", "core NATS"),
     Channel("sqlExecute", "svc.sql.execute", (ExecuteRequest, ExecuteReply, ErrorInfo),
             "Request/reply: run signed canonical SQL.", "core NATS"),
-    Channel("sqlExplain", "svc.sql.explain", (ExecuteRequest, ExecuteReply, ErrorInfo),
-            "Request/reply: EXPLAIN signed canonical SQL.", "core NATS"),
     Channel("fleetWorkers", "$KV.fleet_workers.{worker}", (WorkerHeartbeat,),
             "Worker heartbeats (KV with TTL).", "KV fleet_workers"),
     Channel("fleetAssignments", "$KV.fleet_assignments.{pool}.p{partition}", (Assignment,),

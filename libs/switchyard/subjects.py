@@ -83,7 +83,6 @@ def tenant_of(subject: str) -> str:
 
 SQL_VALIDATE = "svc.sql.validate"
 SQL_EXECUTE = "svc.sql.execute"
-SQL_EXPLAIN = "svc.sql.explain"
 CANCEL_ALL = "cancel.*"
 SUPERSEDE_ALL = "supersede.*"
 RES_ALL = "res.>"  # every result, of every workload and tenant

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from services.edge.errors import ApiError
 from switchyard.envelope import SessionId
 from switchyard.messages.agent import MAX_FRAMES, Action, StepFields, StepOptions
-from switchyard.messages.inference import ErrorInfo, GenerateResult, Usage
+from switchyard.messages.inference import GenerateResult, Usage
 
 # Agent-specific statuses, over the shared table in `errors.py`:
 # - `stale` -> 409: the frame is older than its budget when the fleet got to it; the
@@ -187,12 +187,6 @@ def _number(text: str, name: str, kind: type[float] | type[int]) -> float | int:
         return kind(text)
     except ValueError:
         raise _invalid(f"{name} must be a number", name) from None
-
-
-def replay_failure(result: GenerateResult) -> ApiError:
-    """The HTTP error of a retried step whose original did not succeed."""
-    info = result.error or ErrorInfo(code="internal", reason=f"step {result.status}")
-    return ApiError.from_info(info, AGENT_STATUS)
 
 
 def response_of(

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from switchyard.errors import ErrorCode
-from switchyard.messages.inference import ErrorInfo, GenerateResult
+from switchyard.messages.inference import ErrorInfo
 
 # code -> (HTTP status, OpenAI error type)
 STATUS: dict[ErrorCode, tuple[int, str]] = {
@@ -75,14 +75,6 @@ class ApiError(Exception):
         status, type_ = STATUS.get(info.code, (500, "server_error"))
         status = statuses.get(info.code, status)
         return cls(status, info.reason, type_, info.code, retry_after=info.retry_after)
-
-    @classmethod
-    def from_result(cls, result: GenerateResult, statuses: Statuses = NO_OVERRIDES) -> ApiError:
-        """A finished result that is not a success (cancelled, expired, stale, ...)."""
-        if result.error is not None:
-            return cls.from_info(result.error, statuses)
-        code: ErrorCode = result.status if result.status in STATUS else "internal"
-        return cls.from_info(ErrorInfo(code=code, reason=f"request {result.status}"), statuses)
 
     def body(self, request_id: str | None) -> dict[str, Any]:
         return {

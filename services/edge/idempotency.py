@@ -1,17 +1,18 @@
 """`Idempotency-Key` -> one request id, in KV `idempotency` (the bucket's TTL expires it).
 
 The first request with a key claims it (KV create, so two racing edges cannot
-both win) and records its id; it stores the result when it succeeds. A retry
-of a finished request gets the stored result; a retry of a running one waits
-for that request's result on `res.<workload>.<tenant>` (or finds it on RES, when it
-finished but its claim could not be updated) instead of generating again. A failed or
-cancelled request releases its key so a retry runs anew.
+both win) and records its id; it stores its final (a `GenerateResult`, a `SqlAnswer`)
+when that is an answer. A retry of a finished request gets the stored final; a retry of
+a running one waits for that request's final on `res.<workload>.<tenant>` (or finds it on
+RES, when it finished but its claim could not be updated) instead of running again. A
+failed or cancelled request releases its key so a retry runs anew.
 Keys are scoped by tenant: another tenant's identical key is a different entry.
 
 An edge that dies between claiming a key and publishing its request leaves a claim no
 request will ever finish. A retry of a claim that is still running `ORPHAN_AFTER` after
 its request was made publishes its own (identical) request under the claim's request id
-(`orphaned`): the stream it goes to (REQ for chat, INGRESS for agent steps) dedupes ids,
+(`orphaned`): the stream it goes to (REQ for chat, INGRESS for agent steps and questions)
+dedupes ids,
 so if the original did reach the fleet nothing new is stored and the retry waits for
 that one's result; if it never did, the retry's copy runs as the original.
 """
@@ -28,17 +29,17 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from services.edge.errors import ApiError
-from services.edge.replies import INGRESS_PATIENCE
 from switchyard import subjects
 from switchyard.bus.connection import Bus
-from switchyard.bus.publish import FAILOVER_PATIENCE, UNAVAILABLE, patiently
+from switchyard.bus.publish import FAILOVER_PATIENCE, INGRESS_PATIENCE, UNAVAILABLE, patiently
+from switchyard.bus.reply import Final, failure
 from switchyard.bus.streamread import Window, read
 from switchyard.bus.topology import IDEMPOTENCY_BUCKET, StreamSpec
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError
 from switchyard.ids import id_time
 from switchyard.messages.idempotency import Claim
-from switchyard.messages.inference import GenerateResult, Workload
+from switchyard.messages.inference import Workload
 
 CLAIM_ATTEMPTS = 3  # a key released between our create and our read is claimed afresh
 # A live edge has published its request (or released the key) this long after making it:
@@ -92,8 +93,8 @@ class Idempotency:
         raise ApiError(409, "the Idempotency-Key is being claimed and released; retry",
                        code="idempotency")  # fmt: skip
 
-    async def finish(self, tenant: str, key: str, claim: Claim, result: GenerateResult) -> None:
-        if result.status == "ok":
+    async def finish(self, tenant: str, key: str, claim: Claim, result: Final) -> None:
+        if failure(result) is None:
             done = claim.model_copy(update={"state": "done", "result": result})
 
             async def put() -> None:
@@ -114,14 +115,15 @@ class Idempotency:
         await patiently(delete, FAILOVER_PATIENCE, what=kv_key(tenant, key))
 
     async def wait_result(
-        self, tenant: str, key: str, workload: Workload, request_id: str, timeout: float
-    ) -> GenerateResult | None:
-        """The result of a running claim: from KV if it already finished, else from RES."""
-        found: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
+        self, tenant: str, key: str, workload: Workload, final: type[Final], request_id: str,
+        timeout: float,
+    ) -> Final | None:  # fmt: skip
+        """The final of a running claim: from KV if it already finished, else from RES."""
+        found: asyncio.Future[Final] = asyncio.get_running_loop().create_future()
 
         async def on_result(msg: Msg) -> None:
             with contextlib.suppress(DecodeError):
-                result = decode(msg.data, GenerateResult)
+                result = decode(msg.data, final)
                 if result.request_id == request_id and not found.done():
                     found.set_result(result)
 
@@ -133,11 +135,11 @@ class Idempotency:
                 entry = await kv.get(kv_key(tenant, key))
                 if entry.value:
                     claim = decode(entry.value, Claim)
-                    if claim.result is not None and claim.request_id == request_id:
+                    if isinstance(claim.result, final) and claim.request_id == request_id:
                         return claim.result
             # Finished already, but its claim was not updated (the bucket had no leader
             # when the original edge tried, or that edge died): RES has the result.
-            stored = await self._stored_result(workload, tenant, request_id)
+            stored = await self._stored_result(workload, final, tenant, request_id)
             if stored is not None:
                 return stored
             try:
@@ -148,15 +150,15 @@ class Idempotency:
             await sub.unsubscribe()
 
     async def _stored_result(
-        self, workload: Workload, tenant: str, request_id: str
-    ) -> GenerateResult | None:
+        self, workload: Workload, final: type[Final], tenant: str, request_id: str
+    ) -> Final | None:
         """`request_id`'s result if RES holds one: the tenant's results since the request
         was made (its id says when), read without a durable consumer."""
         window = Window(subject=subjects.res(workload, tenant), since=id_time(request_id) - 1)
         try:
             async for stored in read(self.bus.js, "RES", window):
                 with contextlib.suppress(DecodeError):
-                    result = decode(stored.data, GenerateResult)
+                    result = decode(stored.data, final)
                     if result.request_id == request_id:
                         return result
         except UNAVAILABLE:

@@ -1,28 +1,30 @@
-"""One request's life on the fleet, for the routes answered by a `GenerateResult` (chat, agent).
+"""One request's life on the fleet, for every route the fleet answers: chat and agent steps
+(a `GenerateResult`), SQL questions (a `SqlAnswer`).
 
 `request_lifecycle` is the one place that, in order:
 
 1. claims the request's `Idempotency-Key`, if it has one; a key an earlier request holds
-   yields a `Replay` instead (that request's result, never a new run), unless that claim
+   yields a `Replay` instead (that request's final, never a new run), unless that claim
    looks orphaned (`idempotency.orphaned`): then this request is published under its id,
    and runs as it if the fleet had never stored it;
 2. publishes the request (`sends`: chat prepared straight onto REQ, with its record on
-   INGRESS; an agent step onto INGRESS) with a reply inbox (`Reply`) and yields a
-   `Flight` to read it;
+   INGRESS; an agent step or a question onto INGRESS) with a reply inbox (`bus.reply`,
+   patient through a leader election) and yields a `Flight` to read it;
 3. while the route waits (`Flight.result`), watches the client: gone -> the wait ends;
 4. on the way out, whatever happened: an unfinished request is cancelled on the fleet, a
-   claim whose result was not stored (`Flight.finish`) is released so a retry runs anew,
+   claim whose final was not stored (`Flight.finish`) is released so a retry runs anew,
    and the inbox is closed.
 
 A streamed response outlives its route function: the route enters the lifecycle in an
-`AsyncExitStack` and hands the stack to the stream (`pop_all()`), whose end runs step 4.
+`AsyncExitStack` and hands the stack to the stream (`sse.events`), whose end runs step 4.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Generic
 
 import anyio
 from fastapi import Request
@@ -30,22 +32,17 @@ from fastapi import Request
 from services.edge import metrics
 from services.edge.errors import NO_OVERRIDES, ApiError, ClientGone, Statuses
 from services.edge.idempotency import orphaned
-from services.edge.replies import Reply
 from services.edge.state import EdgeState
 from switchyard import subjects
-from switchyard.bus.publish import transient
+from switchyard.bus.publish import INGRESS_PATIENCE, transient
+from switchyard.bus.reply import Final, Progress, Reply, error_info, failure
 from switchyard.chatprep import prepared_sends
 from switchyard.envelope import Envelope
 from switchyard.errors import SwitchyardError
 from switchyard.logging import get_logger
 from switchyard.messages.idempotency import Claim
-from switchyard.messages.inference import (
-    ChatRequest,
-    ErrorInfo,
-    GenerateResult,
-    TokenFrame,
-    Workload,
-)
+from switchyard.messages.inference import ChatRequest, Workload
+from switchyard.messages.sql import SqlAsk
 
 log = get_logger(__name__)
 
@@ -59,21 +56,25 @@ def sends(message: Envelope, chat_pool: str) -> list[tuple[str, Envelope]]:
     and publishes it straight on `req.llm.<t>` (REQ is durable: nothing is lost), with its
     `ChatRequest` on INGRESS beside it (`llm.edge.<t>`, which nothing consumes) as the
     record `sy replay` and `sy trace` read: the preprocessor hop it skips cost a stream
-    write, a delivery and an ack, about 1.5 ms. An agent step goes to the preprocessor."""
+    write, a delivery and an ack, about 1.5 ms. An agent step goes to the preprocessor,
+    a question to sqlflow."""
     if isinstance(message, ChatRequest):
         return prepared_sends(message, chat_pool)
+    if isinstance(message, SqlAsk):
+        return [(subjects.sql_in(message.tenant), message)]
     return [(subjects.agent_in(message.tenant), message)]
 
 
 @dataclass(frozen=True)
-class Replay:
+class Replay(Generic[Final]):
     """The request's Idempotency-Key is held by an earlier request (same tenant): answer
-    with that request's result."""
+    with that request's final."""
 
     state: EdgeState
     tenant: str
     key: str
     workload: Workload
+    final: type[Final]
     original: Claim  # the claim in force
     mine: Claim
 
@@ -82,15 +83,17 @@ class Replay:
         """The original's id: a replayed answer is that request's answer."""
         return {"x-request-id": self.original.request_id, "Idempotent-Replayed": "true"}
 
-    async def result(self) -> GenerateResult:
-        """The original's result, waiting for it if it still runs; the key may not be
+    async def result(self) -> Final:
+        """The original's final, waiting for it if it still runs; the key may not be
         reused for a different request."""
         if self.original.fingerprint != self.mine.fingerprint:
             raise ApiError(
                 422, "Idempotency-Key reused with a different request", code="idempotency"
             )
-        result = self.original.result or await self.state.idempotency.wait_result(
-            self.tenant, self.key, self.workload, self.original.request_id,
+        stored = self.original.result
+        result = stored if isinstance(stored, self.final) else None
+        result = result or await self.state.idempotency.wait_result(
+            self.tenant, self.key, self.workload, self.final, self.original.request_id,
             self.state.settings.idempotency_wait,
         )  # fmt: skip
         if result is None:
@@ -98,16 +101,17 @@ class Replay:
         return result
 
 
-class Flight:
-    """A request published to the fleet: its frames, and its claim's result to store."""
+class Flight(Generic[Final]):
+    """A request published to the fleet: its progress and final, and its claim's final
+    to store."""
 
     def __init__(
-        self, state: EdgeState, request: Request, reply: Reply, claim: Claim | None,
+        self, state: EdgeState, request: Request, reply: Reply[Final], claim: Claim | None,
         key: str | None, statuses: Statuses,
     ) -> None:  # fmt: skip
         self.state = state
         self.request = request
-        self.reply = reply
+        self.reply: Reply[Final] = reply
         self.tenant = reply.tenant
         self.claim = claim
         self.key = key
@@ -118,29 +122,42 @@ class Flight:
     def request_id(self) -> str:
         return self.reply.request_id
 
-    async def next(self, timeout: float | None) -> TokenFrame | None:
-        """The next frame, or None if none came within `timeout`; raises a transport error."""
-        return await self.reply.next(timeout)
+    async def next(self, timeout: float | None) -> Progress | Final | None:
+        """The next progress item or the final, or None if none came within `timeout`;
+        raises the HTTP error of a refusal or a broken reply (silent, undecodable)."""
+        try:
+            return await self.reply.next(timeout)
+        except SwitchyardError as exc:
+            raise ApiError.from_info(error_info(exc), self.statuses) from None
 
-    async def result(self) -> GenerateResult:
-        """Wait for the final frame: its result if `ok`, else its HTTP error; ends with
+    async def first(self, grace: float) -> Progress | Final | None:
+        """What comes within `grace`, before a stream commits to its 200: a refusal, or a
+        final that is not an answer, is then a real HTTP status."""
+        item = await self.next(grace)
+        if isinstance(item, self.reply.final):
+            self.check(item)
+        return item
+
+    def check(self, final: Final) -> Final:
+        """`final` if it is an answer, else raises its HTTP error."""
+        if (err := refusal(final, self.statuses)) is not None:
+            raise err
+        return final
+
+    async def result(self) -> Final:
+        """Wait for the final: itself if an answer, else its HTTP error; ends with
         `ClientGone` if the client goes away first."""
         while True:
-            try:
-                frame = await self.reply.next(POLL)
-            except SwitchyardError as exc:
-                raise transport_failure(exc, self.statuses) from None
-            if frame is None:
+            item = await self.next(POLL)
+            if item is None:
                 if await self.request.is_disconnected():
                     raise ClientGone()
-            elif frame.type == "end" and frame.result and frame.result.status == "ok":
-                return frame.result
-            elif frame.type != "delta":
-                raise failure(frame, self.statuses)
+            elif isinstance(item, self.reply.final):
+                return self.check(item)
 
-    async def finish(self, result: GenerateResult) -> None:
-        """Store the result under the Idempotency-Key, so a retry gets it (a non-`ok`
-        result releases the key instead)."""
+    async def finish(self, result: Final) -> None:
+        """Store the final under the Idempotency-Key, so a retry gets it (one that is not
+        an answer releases the key instead)."""
         if self.key is not None and self.claim is not None:
             await self.state.idempotency.finish(self.tenant, self.key, self.claim, result)
         self.settled = True
@@ -157,25 +174,29 @@ class Flight:
 
 @contextlib.asynccontextmanager
 async def request_lifecycle(
-    state: EdgeState, request: Request, workload: Workload, message: Envelope,
-    *, key: str | None, fingerprint: str, statuses: Statuses = NO_OVERRIDES,
-) -> AsyncIterator[Flight | Replay]:  # fmt: skip
+    state: EdgeState, request: Request, workload: Workload, final: type[Final],
+    message: Envelope, *, key: str | None, fingerprint: Callable[[], str],
+    idle_timeout: float | None = None, statuses: Statuses = NO_OVERRIDES,
+) -> AsyncIterator[Flight[Final] | Replay[Final]]:  # fmt: skip
     """Claim `key` (if given) for `message`, publish it, and clean up after it; see the
-    module's docstring. `fingerprint` identifies the request's content, so a key reused
-    for a different request is refused; `statuses` are the route's over `errors.STATUS`."""
+    module's docstring. `fingerprint()` identifies the request's content, so a key reused
+    for a different request is refused (asked only when there is a key: it hashes the
+    body); `statuses` are the route's over `errors.STATUS`."""
     claim, adopting = None, False
     if key:
-        claim = Claim(request_id=message.id, fingerprint=fingerprint)
-        held, ours = await state.idempotency.claim(message.tenant, key, claim)
+        mine = Claim(request_id=message.id, fingerprint=fingerprint())
+        held, ours = await state.idempotency.claim(message.tenant, key, mine)
+        claim = held
         if not ours:
-            if not orphaned(held, fingerprint):
-                yield Replay(state, message.tenant, key, workload, held, claim)
+            if not orphaned(held, mine.fingerprint):
+                yield Replay(state, message.tenant, key, workload, final, held, mine)
                 return
-            adopting, mine = True, claim
-            claim, message = held, message.model_copy(update={"id": held.request_id})
-    reply = Reply(state.bus, idle_timeout=state.settings.idle_timeout)
+            adopting, message = True, message.model_copy(update={"id": held.request_id})
+    idle = idle_timeout or state.settings.idle_timeout
+    reply: Reply[Final] = Reply(state.bus, final, idle_timeout=idle)
     try:
-        stored = await reply.start(sends(message, state.settings.chat_pool))
+        stored = await reply.start(sends(message, state.settings.chat_pool),
+                                   patience=INGRESS_PATIENCE)  # fmt: skip
     except BaseException as exc:
         if not adopting:  # (an adopted claim's id may still be its running original's)
             with anyio.CancelScope(shield=True):
@@ -193,7 +214,7 @@ async def request_lifecycle(
     if adopting and claim is not None and key:
         if not stored:  # the original reached the fleet after all: wait for its answer
             await reply.close()
-            yield Replay(state, message.tenant, key, workload, claim, mine)
+            yield Replay(state, message.tenant, key, workload, final, claim, mine)
             return
         log.warning("edge.idempotency_adopted", request_id=message.id, tenant=message.tenant)
         request.state.request_id = message.id  # the answer names the request it is
@@ -204,22 +225,14 @@ async def request_lifecycle(
         await flight.close()
 
 
-async def cancel(reply: Reply, reason: str) -> None:
+def refusal(final: Final, statuses: Statuses = NO_OVERRIDES) -> ApiError | None:
+    """The HTTP error of a final that is not an answer (`reply.failure`), else None."""
+    info = failure(final)
+    return None if info is None else ApiError.from_info(info, statuses)
+
+
+async def cancel(reply: Reply[Final], reason: str) -> None:
     metrics.CANCELS.labels(reason).inc()
     log.info("edge.cancel", request_id=reply.request_id, reason=reason)
     with contextlib.suppress(Exception):
         await reply.cancel(reason)
-
-
-def failure(frame: TokenFrame, statuses: Statuses = NO_OVERRIDES) -> ApiError:
-    """The HTTP error of a final frame that is not a success."""
-    if frame.error is not None:
-        return ApiError.from_info(frame.error, statuses)
-    if frame.result is not None:
-        return ApiError.from_result(frame.result, statuses)
-    return ApiError(500, "reply stream ended without a result", "server_error", "internal")
-
-
-def transport_failure(exc: SwitchyardError, statuses: Statuses = NO_OVERRIDES) -> ApiError:
-    """The HTTP error of a reply stream that broke (went silent, undecodable frame...)."""
-    return ApiError.from_info(ErrorInfo(code=exc.code, reason=exc.reason[:1000]), statuses)

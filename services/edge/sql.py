@@ -1,37 +1,29 @@
 """`POST /v1/sql/ask`: a tenant's question for Text2SQL, and its answer as JSON or SSE.
 
 The edge adds the tenant (from the API key, never the body), the request id and a
-deadline, publishes a `SqlAsk` on `sql.in.<tenant>` and reads the orchestrator's
-`StageEvent`s and final `SqlAnswer` from its reply inbox
-(`switchyard.text2sql.client.stream_answer`). A stream renders each stage as
+deadline, and sends the `SqlAsk` on `sql.in.<tenant>` through the request lifecycle
+(`edge.lifecycle`, as a chat: Idempotency-Key, patience through a leader election,
+a typed 503 `bus_unavailable`), reading the orchestrator's `StageEvent`s and final
+`SqlAnswer` from its reply inbox. A stream renders each stage as
 `data: {"type": "stage", ...}`, then `data: {"type": "answer", ...}`, then
 `data: [DONE]`.
 
-When the client goes away before the answer, the edge publishes
+When the client goes away before the answer, the lifecycle publishes
 `cancel.<request id>`: sqlflow stops the question (and its model call) and answers
 it `cancelled`, on `res.sql.<tenant>` like any other answer.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-import anyio
-from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from services.edge import sse
-from services.edge.errors import ApiError, ClientGone, Unavailable
-from switchyard import subjects
-from switchyard.bus.connection import Bus
-from switchyard.codec import encode
-from switchyard.errors import StreamTimeout, SwitchyardError
-from switchyard.logging import get_logger
-from switchyard.messages.inference import Cancel, ErrorInfo
+from services.edge.errors import ApiError, Statuses
+from services.edge.lifecycle import Flight
+from switchyard.bus.reply import Progress
+from switchyard.messages.inference import ErrorInfo
 from switchyard.messages.sql import (
     AnswerPath,
     Cell,
@@ -43,12 +35,12 @@ from switchyard.messages.sql import (
     StageEvent,
     StageName,
 )
-from switchyard.text2sql.client import stream_answer
 
-log = get_logger(__name__)
-
-POLL = 0.25  # s between disconnect checks while waiting for the next event
 MAX_ROWS = 10_000  # the HTTP cap; the bus allows more, an HTTP body should not carry it
+
+# A question gone silent (its orchestrator, or the model call it waits on) is an upstream's
+# timeout: 504, where a chat's queue wait is a 408.
+SQL_STATUS: Statuses = {"timeout": 504}
 
 # What a client sees of a `SqlAnswer`: the outcome, not the envelope (ids, trace, reply).
 ANSWER_FIELDS = {
@@ -124,115 +116,21 @@ def stage_body(event: StageEvent) -> dict[str, Any]:
     )
 
 
-def answer_failure(answer: SqlAnswer) -> ApiError | None:
-    """The HTTP error of an answer that is not one (`error`, `rejected`), else None."""
-    if answer.status in ("ok", "clarify"):
-        return None
-    info = answer.error or ErrorInfo(code="internal", reason=f"question {answer.status}")
-    return ApiError.from_info(info)
+class SqlStream(sse.Render[SqlAnswer]):
+    """A streamed question: an event per stage, then the answer whatever its status (an
+    error event only when no answer came)."""
+
+    def progress(self, item: Progress) -> str | None:
+        return sse.event(stage_body(item)) if isinstance(item, StageEvent) else None
+
+    async def final(self, flight: Flight[SqlAnswer], final: SqlAnswer) -> list[str]:
+        await flight.finish(final)  # (one that is not an answer releases the key)
+        return [sse.event({"type": "answer", **answer_body(final)})]
+
+    def error(self, error: ApiError, request_id: str) -> str:
+        return sse.event({"type": "error", **error.body(request_id)})
 
 
-def transport_error(exc: BaseException) -> ApiError:
-    """Why no answer came: silence (504: the orchestrator is an upstream gone quiet), a
-    typed fleet error, or a NATS failure (the question could not even be published)."""
-    if isinstance(exc, StreamTimeout):
-        return ApiError(504, exc.reason, "timeout_error", "timeout")
-    if isinstance(exc, SwitchyardError):
-        return ApiError.from_info(ErrorInfo(code=exc.code, reason=exc.reason[:1000]))
-    log.warning("edge.sql.bus_error", error=repr(exc)[:200])
-    return Unavailable("the question could not be sent")
-
-
-class SqlReply:
-    """One question's events, read with a timeout so the HTTP side can check the client
-    (and send heartbeats) between them; a pump task owns the `stream_answer` iterator, so
-    a timed-out wait never cancels it mid-message."""
-
-    def __init__(self, bus: Bus, ask: SqlAsk, *, idle_timeout: float) -> None:
-        self.bus = bus
-        self.request_id = ask.id
-        self.tenant = ask.tenant
-        self.answered = False
-        self._queue: asyncio.Queue[StageEvent | SqlAnswer | BaseException] = asyncio.Queue()
-        self._pump = asyncio.create_task(self._run(bus, ask, idle_timeout))
-
-    async def _run(self, bus: Bus, ask: SqlAsk, idle_timeout: float) -> None:
-        try:
-            async for item in stream_answer(bus, ask, idle_timeout=idle_timeout):
-                self._queue.put_nowait(item)
-        except Exception as exc:  # StreamTimeout, publish failures: items for the HTTP side
-            self._queue.put_nowait(exc)
-
-    async def next(self, timeout: float | None) -> StageEvent | SqlAnswer | None:
-        """The next event or the answer, None if nothing came within `timeout`; raises
-        what the pump hit."""
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except TimeoutError:
-            return None
-        if isinstance(item, BaseException):
-            self.answered = True  # nothing more will come
-            raise item
-        if isinstance(item, SqlAnswer):
-            self.answered = True
-        return item
-
-    async def close(self) -> None:
-        """Stop listening (the pump's cancellation unsubscribes the inbox); a question
-        left unanswered is cancelled, so sqlflow and the model stop working on it."""
-        self._pump.cancel()
-        with contextlib.suppress(BaseException):
-            await self._pump
-        if not self.answered:
-            cancel = Cancel(tenant=self.tenant, request_id=self.request_id, reason="client")
-            with contextlib.suppress(Exception):  # best effort: the connection may be gone
-                await self.bus.nc.publish(subjects.cancel(self.request_id), encode(cancel))
-                await self.bus.nc.flush()
-
-
-async def wait_answer(reply: SqlReply, request: Request) -> SqlAnswer:
-    """The answer, raising its HTTP error; stops waiting if the client goes away."""
-    while True:
-        try:
-            item = await reply.next(POLL)
-        except Exception as exc:
-            raise transport_error(exc) from None
-        if item is None:
-            if await request.is_disconnected():
-                raise ClientGone()
-        elif isinstance(item, SqlAnswer):
-            err = answer_failure(item)
-            if err is not None:
-                raise err
-            return item
-
-
-async def events(
-    reply: SqlReply, request: Request, first: StageEvent | SqlAnswer | None, heartbeat: float
-) -> AsyncIterator[str]:
-    """The SSE body: stages, the answer (whatever its status), `[DONE]`; a heartbeat
-    comment after each `heartbeat` s of silence (a model call on a busy CPU is slow)."""
-    try:
-        item, silent_since = first, time.monotonic()
-        while True:
-            if item is None:
-                if await request.is_disconnected():
-                    return  # the finally clause stops listening
-                if time.monotonic() - silent_since >= heartbeat:
-                    silent_since = time.monotonic()
-                    yield sse.HEARTBEAT
-            elif isinstance(item, StageEvent):
-                silent_since = time.monotonic()
-                yield sse.event(stage_body(item))
-            else:
-                yield sse.event({"type": "answer", **answer_body(item)})
-                break
-            try:
-                item = await reply.next(POLL)
-            except Exception as exc:
-                yield sse.event({"type": "error", **transport_error(exc).body(reply.request_id)})
-                break
-        yield sse.DONE
-    finally:
-        with anyio.CancelScope(shield=True):
-            await reply.close()
+def replayed_stream(answer: SqlAnswer) -> str:
+    """A retried question's stream: its original's answer, then `[DONE]`."""
+    return sse.event({"type": "answer", **answer_body(answer)}) + sse.DONE

@@ -8,7 +8,7 @@ from switchyard.metrics import LATENCY_BUCKETS
 
 DECISIONS = Counter(
     "sy_sql_executions_total",
-    "Execute/explain decisions, by event, verdict and rule",
+    "Execute decisions, by event, verdict and rule",
     ["event", "verdict", "rule"],
 )
 DURATION = Histogram(
@@ -19,7 +19,7 @@ KILLS = Counter(
     "sy_sql_killed_statements_total", "Statements stopped by a limit (timeout, watchdog KILL)",
     ["reason"],
 )  # fmt: skip
-INFLIGHT = Gauge("sy_sql_execute_requests_in_flight", "Execute/explain requests being handled")
+INFLIGHT = Gauge("sy_sql_execute_requests_in_flight", "Execute requests being handled")
 AUDIT_FAILURES = Counter(
     "sy_sql_execute_audit_failures_total", "Executor audit events that could not be published"
 )

@@ -1,4 +1,4 @@
-"""The executor process: `svc.sql.execute` and `svc.sql.explain`, audited.
+"""The executor process: `svc.sql.execute`, audited.
 
 No rows leave unaudited: the audit event of a decision is stored in AUDIT
 before the reply is sent, and if it cannot be, the caller gets an error
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 
 from services.executor import metrics
 from services.executor.settings import ExecutorSettings
@@ -36,50 +35,44 @@ async def run_executor(bus: Bus, stop: asyncio.Event, settings: ExecutorSettings
         )
     inflight = InFlight()
 
-    def handler(explain_only: bool) -> Callable[[ExecuteRequest], Awaitable[ExecuteReply]]:
-        async def handle(req: ExecuteRequest) -> ExecuteReply:
-            metrics.INFLIGHT.inc()
-            try:
-                with inflight, bind_request(req.id, req.tenant, req.trace):
-                    started = time.perf_counter()
-                    decision = await executor.handle(req, explain_only=explain_only)
-                    event = decision.audit.event
-                    metrics.DURATION.labels(event).observe(time.perf_counter() - started)
-                    metrics.DECISIONS.labels(
-                        event, decision.audit.verdict or "-", decision.audit.rule or "-"
-                    ).inc()
-                    if decision.reply.killed:
-                        metrics.KILLS.labels(decision.reply.kill_reason or "-").inc()
-                    try:
-                        await publish_audit(bus.js, decision.audit)
-                    except Exception as exc:
-                        metrics.AUDIT_FAILURES.inc()
-                        log.error("sql.audit_failed", error=str(exc))
-                        raise SwitchyardError(
-                            "the audit trail is unavailable; no result leaves unaudited",
-                            code="internal",
-                        ) from exc
-                    log.info(
-                        "sql.executed",
-                        kind=event,
-                        verdict=decision.audit.verdict,
-                        rule=decision.audit.rule,
-                        rows=decision.audit.rows_returned,
-                        duration=round(decision.reply.duration, 4),
-                    )
-                    return decision.reply
-            finally:
-                metrics.INFLIGHT.dec()
+    async def handle(req: ExecuteRequest) -> ExecuteReply:
+        metrics.INFLIGHT.inc()
+        try:
+            with inflight, bind_request(req.id, req.tenant, req.trace):
+                started = time.perf_counter()
+                decision = await executor.handle(req)
+                event = decision.audit.event
+                metrics.DURATION.labels(event).observe(time.perf_counter() - started)
+                metrics.DECISIONS.labels(
+                    event, decision.audit.verdict or "-", decision.audit.rule or "-"
+                ).inc()
+                if decision.reply.killed:
+                    metrics.KILLS.labels(decision.reply.kill_reason or "-").inc()
+                try:
+                    await publish_audit(bus.js, decision.audit)
+                except Exception as exc:
+                    metrics.AUDIT_FAILURES.inc()
+                    log.error("sql.audit_failed", error=str(exc))
+                    raise SwitchyardError(
+                        "the audit trail is unavailable; no result leaves unaudited",
+                        code="internal",
+                    ) from exc
+                log.info(
+                    "sql.executed",
+                    kind=event,
+                    verdict=decision.audit.verdict,
+                    rule=decision.audit.rule,
+                    rows=decision.audit.rows_returned,
+                    duration=round(decision.reply.duration, 4),
+                )
+                return decision.reply
+        finally:
+            metrics.INFLIGHT.dec()
 
-        return handle
-
-    subs = [
-        await rpc.serve(
-            bus.nc, subject, ExecuteRequest, handler(explain), queue="executor",
-            concurrency=settings.sql_max_inflight,
-        )
-        for subject, explain in ((subjects.SQL_EXECUTE, False), (subjects.SQL_EXPLAIN, True))
-    ]  # fmt: skip
+    sub = await rpc.serve(
+        bus.nc, subjects.SQL_EXECUTE, ExecuteRequest, handle, queue="executor",
+        concurrency=settings.sql_max_inflight,
+    )  # fmt: skip
     log.info(
         "executor.ready",
         mysql=f"{settings.mysql_host}:{settings.mysql_port}",
@@ -89,8 +82,7 @@ async def run_executor(bus: Bus, stop: asyncio.Event, settings: ExecutorSettings
     )
     try:
         await stop.wait()
-        for sub in subs:
-            await sub.unsubscribe()
+        await sub.unsubscribe()
         if not await inflight.drained(settings.drain_timeout):
             log.warning("executor.drain_timeout", inflight=inflight.count)
     finally:

@@ -19,10 +19,9 @@ from nats.aio.msg import Msg
 
 from services.sqlflow import metrics
 from services.sqlflow.settings import SqlflowSettings
-from switchyard import subjects
+from switchyard import answers, subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import PullLoop, RetryPolicy
-from switchyard.bus.publish import FAILOVER_PATIENCE, publish
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError, ErrorCode
 from switchyard.logging import bind_request, get_logger
@@ -67,14 +66,10 @@ def open_index(settings: SqlflowSettings) -> KnowledgeIndex:
 
 
 async def deliver(bus: Bus, answer: SqlAnswer, reply: str | None) -> bool:
-    """RES first (deduplicated), then the inbox; False when already answered."""
-    ack = await publish(bus.js, subjects.res("sql", answer.tenant), answer,
-                        msg_id=f"res-{answer.request_id}", patience=FAILOVER_PATIENCE)  # fmt: skip
-    if ack.duplicate:
+    """RES first (deduplicated), then the inbox (`answers.answer`), counted once; False
+    when already answered."""
+    if not await answers.answer(bus.nc, bus.js, answer, reply):
         return False
-    if reply:
-        await bus.nc.publish(reply, encode(answer))
-        await bus.nc.flush()
     metrics.ANSWERS.labels(answer.path, answer.status).inc()
     metrics.ANSWER_SECONDS.labels(answer.path).observe(answer.duration)
     return True

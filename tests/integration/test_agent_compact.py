@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from services.edge.agent import AGENT_STATUS
-from services.edge.lifecycle import failure
+from services.edge.errors import ApiError
 from services.preprocessor.agent import limits_from, to_generate
 from services.preprocessor.images import PreparedFrame, prepare_frame
 from services.preprocessor.settings import PreprocessorSettings
@@ -199,5 +199,6 @@ async def test_a_cut_answer_is_a_typed_error_and_counted(fleet: Fleet) -> None:
     assert res.error is not None and res.error.code == "answer_cut", res.error
     assert worker_metrics.ANSWERS_CUT.labels("compact", "length")._value.get() == cut_before + 1
     # What the edge makes of that end frame for an HTTP client.
-    err = failure(frames[-1], AGENT_STATUS)
+    assert frames[-1].error is not None
+    err = ApiError.from_info(frames[-1].error, AGENT_STATUS)
     assert (err.status, err.code) == (502, "answer_cut")

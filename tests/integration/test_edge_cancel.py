@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError
 
-from services.edge import replies
+from services.edge import lifecycle
 from services.edge.idempotency import ORPHAN_AFTER, fingerprint, kv_key
 from switchyard import subjects
 from switchyard.bus.connection import Bus
@@ -239,7 +239,7 @@ async def test_a_chat_whose_record_is_not_stored_is_refused_and_not_run(
     When INGRESS cannot take the record (here: a stream provisioned before `llm.edge.>`
     existed), the client gets a typed 503 once the edge's patience is spent, and the chat
     REQ did take is cancelled, not run on for nobody."""
-    monkeypatch.setattr(replies, "INGRESS_PATIENCE", 0.5)
+    monkeypatch.setattr(lifecycle, "INGRESS_PATIENCE", 0.5)
     config = (await bus.js.stream_info("INGRESS")).config
     subjects_before = list(config.subjects or [])
     config.subjects = [s for s in subjects_before if s != "llm.edge.>"]

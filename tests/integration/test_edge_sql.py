@@ -3,9 +3,11 @@ worker, sqlflow) over NATS and MariaDB, with the edge in process and plain HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +17,8 @@ import httpx
 import pytest
 from nats.aio.msg import Msg
 
+from services.edge import lifecycle
+from services.sqlflow import metrics as sqlflow_metrics
 from switchyard import subjects
 from switchyard.bus import rpc
 from switchyard.bus.connection import Bus, connect
@@ -26,6 +30,7 @@ from switchyard.text2sql.knowledge import KnowledgeStore
 from tests.support.edge import edge_in_process, write_keys
 from tests.support.fleet import provision_pool
 from tests.support.poll import until
+from tests.support.proxy import cuttable_proxy
 from tests.support.sqlenv import SqlEnv
 from tests.support.sqlflow import KNOWLEDGE, text2sql_fleet
 
@@ -89,6 +94,34 @@ async def test_silence_is_504_and_an_error_event_with_heartbeats(
     assert done == "[DONE]"
     assert event["type"] == "error" and event["error"]["code"] == "timeout"
     assert event["error"]["request_id"] == r.headers["x-request-id"]
+
+
+async def test_a_question_the_bus_cannot_take_is_a_typed_503_with_retry_after(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The edge's connection to NATS drops: the question is tried for the edge's patience,
+    then refused as a chat is, `bus_unavailable` with Retry-After (not an untyped 503)."""
+    monkeypatch.setattr(lifecycle, "INGRESS_PATIENCE", 0.5)
+    keys = write_keys(tmp_path / "keys.yaml", KEYS)
+    port = urllib.parse.urlsplit(nats_url).port
+    assert port is not None
+    async with (
+        cuttable_proxy(port) as proxy,
+        # A short deadline: the publish buffered while cut reaches INGRESS on reconnect, and
+        # the sqlflow of the next tests then reads it expired instead of answering it.
+        edge_in_process(proxy.url, api_keys_file=keys, sql_timeout=1.0) as url,
+        httpx.AsyncClient(base_url=url, timeout=60) as http,
+    ):  # fmt: skip
+        await proxy.cut()
+        try:
+            r = await http.post("/v1/sql/ask", json={"question": "Anyone there?"},
+                                headers=auth())  # fmt: skip
+        finally:
+            await proxy.open()
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert err["code"] == "bus_unavailable" and r.headers["retry-after"] == "1", r.headers
+    assert err["request_id"] == r.headers["x-request-id"]
 
 
 @pytest.fixture(scope="module")
@@ -252,3 +285,50 @@ async def test_client_leaving_mid_stream_cancels_the_question(sql_edge: str, bus
         await sub.unsubscribe()
     (mine,) = [a for a in answers if a.request_id == rid]
     assert mine.status == "error" and mine.error and mine.error.code == "cancelled", mine
+
+
+async def stored_answers(bus: Bus, request_id: str) -> list[SqlAnswer]:
+    """Every answer RES holds for `request_id`."""
+    found: list[SqlAnswer] = []
+    sub = await bus.js.subscribe(subjects.res("sql", "acme"), ordered_consumer=True)
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=1.0)
+            except TimeoutError:
+                return found
+            with contextlib.suppress(DecodeError):
+                answer = decode(msg.data, SqlAnswer)
+                if answer.request_id == request_id:
+                    found.append(answer)
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_a_question_retried_with_its_idempotency_key_is_answered_once(
+    sql_edge: str, bus: Bus
+) -> None:
+    """Two tries at once and one after, all with the same key: one run of the question
+    (sqlflow counts one answer, RES holds one), the same answer for all three."""
+    ran = sqlflow_metrics.ANSWERS.labels("verified", "ok")
+    ran_before = ran._value.get()
+    body = {"question": VERIFIED.question, "no_cache": True}
+    headers = {**auth(), "Idempotency-Key": f"ask-once-{uuid.uuid4().hex[:8]}"}
+    async with httpx.AsyncClient(base_url=sql_edge, timeout=120) as http:
+        tries = await asyncio.gather(
+            *(http.post("/v1/sql/ask", json=body, headers=headers) for _ in range(2))
+        )
+        later = await http.post("/v1/sql/ask", json=body, headers=headers)
+        # The key is the question's: another question under it is refused, not answered.
+        other = await http.post("/v1/sql/ask", json={**body, "max_rows": 5}, headers=headers)
+    assert all(r.status_code == 200 for r in (*tries, later)), [r.text for r in tries]
+    (original,) = [r for r in tries if "idempotent-replayed" not in r.headers]
+    rid = original.headers["x-request-id"]
+    for retry in (*[r for r in tries if r is not original], later):
+        assert retry.headers.get("idempotent-replayed") == "true"
+        assert retry.headers["x-request-id"] == rid
+        assert retry.json() == original.json()
+    assert original.json()["request_id"] == rid and original.json()["status"] == "ok"
+    assert other.status_code == 422 and other.json()["error"]["code"] == "idempotency"
+    assert ran._value.get() == ran_before + 1, "the question ran more than once"
+    assert len(await stored_answers(bus, rid)) == 1

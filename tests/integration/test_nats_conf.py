@@ -325,7 +325,6 @@ PUBLISH: dict[str, tuple[list[str], list[str]]] = {
             "$KV.agent_windows.agent.acme.s1.3",
             "svc.sql.execute",
             "svc.sql.validate",
-            "svc.sql.explain",
             "sql.in.acme",
             "req.sql.acme",
             "work.agent.p0",
@@ -344,7 +343,6 @@ PUBLISH: dict[str, tuple[list[str], list[str]]] = {
             "audit.sql.acme",
             "svc.sql.validate",
             "svc.sql.execute",
-            "svc.sql.explain",
             "$JS.API.CONSUMER.MSG.NEXT.INGRESS.sqlflow",
         ],
         [
@@ -406,7 +404,6 @@ SUBSCRIBE: dict[str, tuple[list[str], list[str]]] = {
         ["_INBOX.worker.>", "cancel.*", "supersede.*"],
         [
             "svc.sql.execute",
-            "svc.sql.explain",
             "svc.sql.validate",
             "svc.>",
             "_INBOX.sqlflow.>",
@@ -422,11 +419,11 @@ SUBSCRIBE: dict[str, tuple[list[str], list[str]]] = {
     ),
     "validator": (["svc.sql.validate", "_INBOX.validator.>"], ["svc.sql.execute", "audit.>"]),
     "executor": (
-        ["svc.sql.execute", "svc.sql.explain", "_INBOX.executor.>"],
+        ["svc.sql.execute", "_INBOX.executor.>"],
         ["svc.sql.validate", "res.>", "_INBOX.sqlflow.>", "audit.>", "work.>"],
     ),
     "auditor": (["_INBOX.auditor.>"], ["audit.>", "svc.sql.execute", "res.>"]),
-    "admin": (["audit.>", "res.>"], ["svc.sql.execute", "svc.sql.explain", "svc.sql.validate"]),
+    "admin": (["audit.>", "res.>"], ["svc.sql.execute", "svc.sql.validate"]),
 }
 
 

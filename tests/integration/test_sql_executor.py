@@ -119,7 +119,7 @@ async def test_explain_gate_refuses_a_full_scan_and_accepts_the_aggregate(
 ) -> None:
     full = await executor.handle(sqlenv.signed("acme", FULL_SCAN))
     assert not full.reply.ok and full.reply.rows == []
-    assert full.reply.rule == rules.EXPLAIN_FULL_SCAN, full.reply.error
+    assert full.reply.rule == rules.EXPLAIN_FULL_SCAN and not full.reply.gate_passed
     # MariaDB reads every row of the tenant's view: the whole table (type=ALL) or the
     # whole tenant prefix of an index (type=ref on the tenant key alone).
     (scan,) = [p for p in full.reply.plan if p.get("table") == "sessions"]
@@ -132,7 +132,7 @@ async def test_explain_gate_refuses_a_full_scan_and_accepts_the_aggregate(
     assert "agg_" in (raw.reply.error.reason if raw.reply.error else "")  # a hint to retry with
 
     agg = await executor.handle(sqlenv.signed("acme", AGG_DAU))
-    assert agg.reply.ok, agg.reply.error
+    assert agg.reply.ok and agg.reply.gate_passed, agg.reply.error
     assert len(agg.reply.rows) == 30
     assert agg.reply.rows_estimated is not None and agg.reply.rows_estimated < 5_000
 
@@ -162,12 +162,25 @@ async def test_same_answer_raw_and_aggregated_and_raw_is_measurably_slower(
         ungated.close()
 
 
-async def test_explain_only_returns_the_plan_and_no_rows(
-    executor: SqlExecutor, sqlenv: SqlEnv
+async def test_a_request_adds_the_gate_where_it_is_off_and_the_reply_carries_its_verdict(
+    sqlenv: SqlEnv,
 ) -> None:
-    decision = await executor.handle(sqlenv.signed("acme", AGG_DAU), explain_only=True)
-    assert decision.reply.ok and decision.reply.rows == [] and decision.reply.plan
-    assert decision.audit.event == "sql.explain" and decision.audit.verdict == "explained"
+    """`gate=True` (the pipeline's) is gated on an executor whose gate is off; the reply
+    says whether the gate passed the plan, and the one audit row is the execute's."""
+    ungated = make(sqlenv, sql_explain_gate=False)
+    try:
+        plain = await ungated.handle(sqlenv.signed("acme", FULL_SCAN))
+        assert plain.reply.ok and not plain.reply.gate_passed and plain.reply.plan == []
+        refused = await ungated.handle(sqlenv.signed("acme", FULL_SCAN, gate=True))
+        assert not refused.reply.ok and not refused.reply.gate_passed
+        assert refused.reply.rule == rules.EXPLAIN_FULL_SCAN and refused.reply.plan
+        assert refused.audit.event == "sql.execute" and refused.audit.verdict == "rejected"
+        passed = await ungated.handle(sqlenv.signed("acme", AGG_DAU, gate=True))
+        assert passed.reply.ok and passed.reply.gate_passed and len(passed.reply.rows) == 30
+        assert passed.reply.plan and passed.reply.rows_estimated is not None
+        assert passed.audit.event == "sql.execute" and passed.audit.plan == passed.reply.plan
+    finally:
+        ungated.close()
 
 
 async def test_runaway_query_is_killed_by_the_server_limit_and_the_connection_reused(

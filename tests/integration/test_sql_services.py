@@ -51,8 +51,8 @@ def execute_request(reply: ValidateReply, sqlenv: SqlEnv, **kw: Any) -> ExecuteR
     )  # fmt: skip
 
 
-async def ask_execute(bus: Bus, req: ExecuteRequest, subject: str = subjects.SQL_EXECUTE) -> Any:
-    return await rpc.request(bus.nc, subject, req, ExecuteReply, timeout=15)
+async def ask_execute(bus: Bus, req: ExecuteRequest) -> Any:
+    return await rpc.request(bus.nc, subjects.SQL_EXECUTE, req, ExecuteReply, timeout=15)
 
 
 async def audit_events(
@@ -160,9 +160,10 @@ async def test_explain_subject_returns_the_plan(
             await ask_validate(bus, sqlenv, "SELECT COUNT(*) FROM sessions WHERE duration_s > 9"),
             sqlenv,
         )
-        plan = await ask_execute(bus, req, subjects.SQL_EXPLAIN)
+        plan = await ask_execute(bus, req)
     assert plan.rows == [] and plan.plan and plan.plan[0]["table"] == "sessions"
     assert not plan.ok and plan.rule in (rules.EXPLAIN_FULL_SCAN, rules.EXPLAIN_ROWS)
+    assert not plan.gate_passed and plan.error and plan.error.code == "rejected_sql"
 
 
 async def test_validator_fails_closed_without_an_audit_trail(

@@ -70,7 +70,7 @@ def test_asyncapi_lists_every_subject_family() -> None:
         f for f, prefix in FAMILIES.items() if not any(a.startswith(prefix) for a in addresses)
     ]
     assert missing == []
-    for service in (subjects.SQL_VALIDATE, subjects.SQL_EXECUTE, subjects.SQL_EXPLAIN):
+    for service in (subjects.SQL_VALIDATE, subjects.SQL_EXECUTE):
         assert service in addresses
 
 

@@ -105,7 +105,6 @@ FLOWS: tuple[Flow, ...] = (
     Flow("supersede", subjects.SUPERSEDE_ALL, ("router",), ("router", "worker")),
     Flow("sqlValidate", subjects.SQL_VALIDATE, ("sqlflow",), ("validator",), replies=True),
     Flow("sqlExecute", subjects.SQL_EXECUTE, ("sqlflow",), ("executor",), replies=True),
-    Flow("sqlExplain", subjects.SQL_EXPLAIN, ("sqlflow",), ("executor",), replies=True),
     Flow("fleetWorkers", _kv(WORKERS_BUCKET), ("worker",)),
     Flow("fleetAssignments", _kv(ASSIGNMENTS_BUCKET), ("router",)),
     Flow("fleetSessions", _kv(SESSIONS_BUCKET), ("router",)),

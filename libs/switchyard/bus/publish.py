@@ -86,6 +86,10 @@ def transient(exc: BaseException) -> bool:
 # takes to elect a new stream leader after losing a node (2-10 s measured here), shorter
 # than anyone waiting for the answer would. The message id makes every retry safe.
 FAILOVER_PATIENCE = 30.0
+# How long a request waits for its streams to take it while a cluster elects a leader
+# (`reply.Reply.start`): the asker waits seconds for its answer instead of failing at
+# once and retrying into the same election.
+INGRESS_PATIENCE = 15.0
 # One attempt's wait for the stream's ack while being patient: a publish to a leader that
 # just died is never answered, so waiting the context's whole timeout (10 s) for it
 # would be the longest part of a failover. Acks take milliseconds; a slow one is retried,

@@ -21,7 +21,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import AsyncIterator
-from types import TracebackType
+from typing import Self
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -152,12 +152,11 @@ class _Inboxes:
 _INBOXES: weakref.WeakKeyDictionary[Client, _Inboxes] = weakref.WeakKeyDictionary()
 
 
-class TokenStreamReader:
-    """Open it, then publish the request with `reply=reader.inbox`; read the frames in order
-    with `next(timeout)` (None: nothing yet, call again) or `async for frame in reader`.
-
-    `async with TokenStreamReader(nc, idle_timeout=5) as stream:` … `async for frame in stream`.
-    """
+class Inbox:
+    """One request's reply inbox on the connection's shared wildcard subscription: the
+    messages that arrive there, in arrival order, and the idle clock (`StreamTimeout`
+    once nothing came for `idle_timeout`). Open it (`async with`), then publish the
+    request with `reply=inbox.inbox`."""
 
     def __init__(self, nc: Client, *, idle_timeout: float, max_frames: int = 1_000_000) -> None:
         self.nc = nc
@@ -165,10 +164,51 @@ class TokenStreamReader:
         self.idle_timeout = idle_timeout
         self.max_frames = max_frames
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()
-        inboxes = _INBOXES.get(nc)
-        if inboxes is None:
-            inboxes = _INBOXES[nc] = _Inboxes(nc)
-        self._inboxes = inboxes
+        self._inboxes = _INBOXES.get(nc) or _INBOXES.setdefault(nc, _Inboxes(nc))
+        self._heard = time.monotonic()  # the last message (or the start): the idle clock
+
+    async def __aenter__(self) -> Self:
+        self.inbox, self._queue = await self._inboxes.open(self.max_frames)
+        self._heard = time.monotonic()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._inboxes.close(self.inbox)
+
+    async def message(self, timeout: float | None = None) -> Msg | None:
+        """The next message, or None if none came within `timeout`; raises `StreamTimeout`
+        once the inbox has been silent for `idle_timeout`. A timeout loses nothing."""
+        if not self._queue.empty():
+            self._heard = time.monotonic()
+            return self._queue.get_nowait()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            idle_left = self._heard + self.idle_timeout - now
+            if idle_left <= 0:
+                silent = f"{self.inbox} silent for {self.idle_timeout}s"
+                raise StreamTimeout(f"reply inbox {silent} without an end-of-stream frame")
+            wait = idle_left if deadline is None else min(idle_left, deadline - now)
+            if wait <= 0:
+                return None
+            try:
+                async with asyncio.timeout(wait):
+                    msg = await self._queue.get()
+            except TimeoutError:
+                continue
+            self._heard = time.monotonic()
+            return msg
+
+
+class TokenStreamReader(Inbox):
+    """A token stream's frames in order (`next(timeout)`: None, nothing yet; or
+    `async for frame in reader`), across attempts; `reply.Reply` reads its final.
+
+    `async with TokenStreamReader(nc, idle_timeout=5) as stream:` … `async for frame in stream`.
+    """
+
+    def __init__(self, nc: Client, *, idle_timeout: float, max_frames: int = 1_000_000) -> None:
+        super().__init__(nc, idle_timeout=idle_timeout, max_frames=max_frames)
         # In-order delivery across attempts (a request taken over by another worker).
         self._ready: collections.deque[TokenFrame] = collections.deque()
         self._held: dict[int, TokenFrame] = {}
@@ -176,20 +216,6 @@ class TokenStreamReader:
         self._attempt = 0
         self._yielded_chars = 0  # of delta text, across attempts
         self._replayed_chars = 0  # of the current attempt's delta text
-        self._heard = time.monotonic()  # the last frame (or the start): the idle clock
-
-    async def __aenter__(self) -> TokenStreamReader:
-        self.inbox, self._queue = await self._inboxes.open(self.max_frames)
-        self._heard = time.monotonic()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._inboxes.close(self.inbox)
 
     async def __aiter__(self) -> AsyncIterator[TokenFrame]:
         while True:
@@ -206,25 +232,10 @@ class TokenStreamReader:
         again after None: a timeout loses nothing."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._ready:
-            if self._queue.empty():
-                now = time.monotonic()
-                idle_left = self._heard + self.idle_timeout - now
-                if idle_left <= 0:
-                    raise StreamTimeout(
-                        f"token stream on {self.inbox} silent for {self.idle_timeout}s after "
-                        f"{self._expected} frame(s) without an end-of-stream frame"
-                    )
-                wait = idle_left if deadline is None else min(idle_left, deadline - now)
-                if wait <= 0:
-                    return None
-                try:
-                    async with asyncio.timeout(wait):
-                        msg = await self._queue.get()
-                except TimeoutError:
-                    continue
-            else:
-                msg = self._queue.get_nowait()
-            self._heard = time.monotonic()
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            msg = await self.message(left)
+            if msg is None:
+                return None
             self._take(msg)
         return self._ready.popleft()
 

@@ -61,7 +61,7 @@ class ValidateReply(Envelope):
 
 
 class ExecuteRequest(Envelope):
-    """Request on `svc.sql.execute` / `svc.sql.explain`: canonical SQL signed by the validator.
+    """Request on `svc.sql.execute`: canonical SQL signed by the validator.
 
     `signature` may be absent so an unsigned request is refused (and audited) by the
     executor with a reason, rather than dropped by the decoder."""
@@ -72,7 +72,9 @@ class ExecuteRequest(Envelope):
     policy_version: ShortText
     signature: Signature | None = None
     max_rows: int = Field(default=1000, ge=1, le=100_000)
-    explain_only: bool = False
+    # The EXPLAIN gate even where the executor's default (`sql_explain_gate`) is off:
+    # model-written SQL always passes it. A request can add the gate, never remove it.
+    gate: bool = False
 
 
 class ExecuteReply(Envelope):
@@ -84,7 +86,10 @@ class ExecuteReply(Envelope):
     truncated: bool = False
     rows_examined: int | None = None
     rows_estimated: int | None = None
+    # The EXPLAIN gate's plan and estimate, when it ran; `gate_passed`: it accepted the
+    # plan, so a failure is the run's. Without it a refusal came at or before the gate.
     plan: Annotated[list[dict[str, Any]], Field(max_length=64)] = []
+    gate_passed: bool = False
     duration: float = 0.0  # the whole decision, seconds
     db_duration: float | None = None  # the statement alone, in the database
     killed: bool = False

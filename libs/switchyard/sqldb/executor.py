@@ -122,10 +122,8 @@ class SqlExecutor:
 
     # -- one request -------------------------------------------------------------
 
-    async def handle(self, req: ExecuteRequest, *, explain_only: bool = False) -> Decision:
+    async def handle(self, req: ExecuteRequest) -> Decision:
         started = time.perf_counter()
-        event = "sql.explain" if explain_only or req.explain_only else "sql.execute"
-        explain_only = explain_only or req.explain_only
 
         def decide(
             verdict: str,
@@ -142,8 +140,9 @@ class SqlExecutor:
                 tenant=req.tenant,
                 request_id=req.id,
                 trace=req.trace,
-                ok=verdict in ("ok", "explained"),
+                ok=verdict == "ok",
                 plan=plan,
+                gate_passed=gate is not None and gate.ok,
                 rows_estimated=gate.rows_estimated if gate else None,
                 duration=duration,
                 rule=rule,
@@ -153,7 +152,7 @@ class SqlExecutor:
             audit = sql_audit(
                 tenant=req.tenant,
                 request_id=req.id,
-                event=event,
+                event="sql.execute",
                 actor="executor",
                 verdict=verdict,
                 rule=rule,
@@ -171,7 +170,7 @@ class SqlExecutor:
                 truncated=reply.truncated or None,
                 database=req.database,
                 policy_version=req.policy_version,
-                reason=None if verdict in ("ok", "explained") else reason,
+                reason=None if verdict == "ok" else reason,
                 trace=req.trace,
             )
             return Decision(reply, audit)
@@ -234,7 +233,7 @@ class SqlExecutor:
             timeout = min(timeout, remaining)
 
         gate: GateVerdict | None = None
-        if self.settings.sql_explain_gate or explain_only:
+        if self.settings.sql_explain_gate or req.gate:
             try:
                 gate = await self._explain(req.canonical_sql)
             except Busy as exc:
@@ -242,15 +241,6 @@ class SqlExecutor:
             except (pymysql.err.MySQLError, TimeoutError, OSError, DbTlsError) as exc:
                 return decide(
                     "error", rule=rules.EXPLAIN_ERROR, code="db_error", reason=_db_reason(exc)
-                )
-            if explain_only:
-                verdict = "explained" if gate.ok else "rejected"
-                return decide(
-                    verdict,
-                    rule=gate.rule,
-                    code=None if gate.ok else "rejected_sql",
-                    reason=gate.detail,
-                    gate=gate,
                 )
             if not gate.ok:
                 return decide(

@@ -1,24 +1,19 @@
 """Asking a question of the fleet: publish on `sql.in.<tenant>`, read stages, then the answer.
 
-Used by the CLI, the HTTP edge, the evaluation harness and tests; anything else
-can do the same with any NATS client (the messages are in `proto/`).
+Used by the CLI, the evaluation harness, the load benches and tests (the HTTP edge reads
+its questions' replies through its request lifecycle, on the same `bus.reply`); anything
+else can do the same with any NATS client (the messages are in `proto/`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import nats.errors
-from nats.aio.msg import Msg
-
 from switchyard import subjects
 from switchyard.bus.connection import Bus
-from switchyard.bus.publish import publish
-from switchyard.codec import decode_envelope
-from switchyard.errors import DecodeError, StreamTimeout
+from switchyard.bus.reply import Reply
+from switchyard.errors import StreamTimeout
 from switchyard.messages.sql import SqlAnswer, SqlAsk, StageEvent
 
 
@@ -28,33 +23,14 @@ async def stream_answer(
     """Yield each stage event as it arrives, and last the answer.
 
     `idle_timeout` bounds the silence between two events (a model call on a busy
-    CPU can take a while), not the whole question.
+    CPU can take a while), not the whole question. The question is published
+    patiently: a stream electing a leader makes it wait, not fail.
     """
-    queue: asyncio.Queue[Msg] = asyncio.Queue()
-
-    async def on_msg(msg: Msg) -> None:
-        queue.put_nowait(msg)
-
-    inbox = bus.nc.new_inbox()
-    sub = await bus.nc.subscribe(inbox, cb=on_msg)
-    try:
-        await publish(bus.js, subjects.sql_in(ask.tenant), ask.model_copy(update={"reply": inbox}))
-        while True:
-            try:
-                msg = await asyncio.wait_for(queue.get(), idle_timeout)
-            except TimeoutError:
-                raise StreamTimeout(f"no word on question {ask.id} for {idle_timeout}s") from None
-            event = decode_envelope(msg.data)
-            if isinstance(event, SqlAnswer):
-                yield event
-                return
-            if not isinstance(event, StageEvent):
-                raise DecodeError(f"unexpected {event.kind} on a question's inbox", code="schema")
-            yield event
-    finally:
-        # A caller that stops early may close the connection before this runs.
-        with contextlib.suppress(nats.errors.Error):
-            await sub.unsubscribe()
+    async with Reply(bus, SqlAnswer, idle_timeout=idle_timeout) as reply:
+        await reply.start([(subjects.sql_in(ask.tenant), ask)])
+        async for item in reply:
+            if isinstance(item, StageEvent | SqlAnswer):
+                yield item
 
 
 async def ask_question(

@@ -254,8 +254,8 @@ def _gold_runner(
         if not verdict.ok:
             reason = verdict.error.reason if verdict.error else "refused"
             raise SwitchyardError(f"gold SQL refused: {reason}", code="rejected_sql")
-        rows = await guard.run(tenant, verdict, database, max_rows=10_000,
-                               explain_only=False, trace=None)  # fmt: skip
+        rows = await guard.run(tenant, verdict, database, max_rows=10_000, gate=False,
+                               trace=None)  # fmt: skip
         if not rows.ok:
             reason = rows.error.reason if rows.error else "failed"
             raise SwitchyardError(f"gold SQL failed: {reason}", code="db_error")

@@ -4,7 +4,8 @@ A call is a `GenerateRequest` on `req.sql.<tenant>`: the router admits it under
 the tenant's quotas and places it by tenant (its schema prompt is the shared
 prefix), `cache_salt` = tenant keeps one tenant's cached prefix from ever being
 reused by another, and `lora` picks the tenant's adapter when one is configured.
-The reply comes back as a token stream on our own inbox.
+The reply comes back as a token stream (`bus.reply`); the request is published
+patiently through a leader election, as every asker's is.
 """
 
 from __future__ import annotations
@@ -16,12 +17,9 @@ from dataclasses import dataclass
 
 from switchyard import subjects
 from switchyard.bus.connection import Bus
-from switchyard.bus.publish import publish
-from switchyard.bus.tokenstream import TokenStreamReader
-from switchyard.codec import encode
+from switchyard.bus.reply import Refused, Reply, failure
 from switchyard.errors import SwitchyardError
 from switchyard.messages.inference import (
-    Cancel,
     ChatMessage,
     Constraint,
     GenerateRequest,
@@ -70,50 +68,36 @@ class FleetModel:
         trace: str | None = None,
     ) -> Completion:
         started = time.perf_counter()
-        async with TokenStreamReader(self.bus.nc, idle_timeout=self.idle_timeout) as stream:
-            req = GenerateRequest(
-                tenant=tenant,
-                workload="sql",
-                pool=self.pool,
-                model=self.model,
-                messages=messages,
-                sampling=Sampling(max_tokens=max_tokens, temperature=0.0, seed=0),
-                constraint=constraint or NoConstraint(),
-                lora=self.lora,
-                cache_salt=tenant,
-                prompt_tokens=estimate_tokens(messages),
-                deadline=deadline,
-                trace=child(trace),
-                reply=stream.inbox,
-                prepared_at=time.time(),
-            )
-            await publish(self.bus.js, subjects.req("sql", tenant), req)
+        req = GenerateRequest(
+            tenant=tenant,
+            workload="sql",
+            pool=self.pool,
+            model=self.model,
+            messages=messages,
+            sampling=Sampling(max_tokens=max_tokens, temperature=0.0, seed=0),
+            constraint=constraint or NoConstraint(),
+            lora=self.lora,
+            cache_salt=tenant,
+            prompt_tokens=estimate_tokens(messages),
+            deadline=deadline,
+            trace=child(trace),
+            prepared_at=time.time(),
+        )
+        async with Reply(self.bus, GenerateResult, idle_timeout=self.idle_timeout) as reply:
+            await reply.start([(subjects.req("sql", tenant), req)])
             try:
-                return await self._read(stream, req, started)
+                async for item in reply:
+                    if isinstance(item, GenerateResult):
+                        if (info := failure(item)) is not None:
+                            raise SwitchyardError(
+                                f"model call {item.status}: {info.reason}", code=info.code
+                            )
+                        return Completion(item.text, item, req, time.perf_counter() - started)
+            except Refused as exc:
+                raise SwitchyardError(f"model call failed: {exc.reason}", code=exc.code) from None
             except asyncio.CancelledError:
-                # The question was cancelled: stop the model too (core NATS, best effort).
+                # The question was cancelled: stop the model too (best effort).
                 with contextlib.suppress(Exception):
-                    cancel = Cancel(tenant=tenant, request_id=req.id, reason="question")
-                    await asyncio.shield(
-                        self.bus.nc.publish(subjects.cancel(req.id), encode(cancel))
-                    )
+                    await asyncio.shield(reply.cancel("question"))
                 raise
-
-    async def _read(
-        self, stream: TokenStreamReader, req: GenerateRequest, started: float
-    ) -> Completion:
-        async for frame in stream:
-            if frame.type == "error" and frame.error is not None:
-                raise SwitchyardError(
-                    f"model call failed: {frame.error.reason}", code=frame.error.code
-                )
-            if frame.type == "end" and frame.result is not None:
-                result = frame.result
-                if result.status != "ok":
-                    info = result.error
-                    raise SwitchyardError(
-                        f"model call {result.status}: {info.reason if info else '-'}",
-                        code=info.code if info else "engine_error",
-                    )
-                return Completion(result.text, result, req, time.perf_counter() - started)
         raise SwitchyardError("model stream ended without a result", code="engine_error")

@@ -1,8 +1,8 @@
-"""The pipeline's side of the SQL walls: the validator, the EXPLAIN gate, the executor.
+"""The pipeline's side of the SQL walls: the validator, then the executor's EXPLAIN gate and run.
 
 The orchestrator holds neither the signing key nor database credentials: it can
 only ask the validator to judge SQL and hand the executor what the validator
-signed. Whatever a model writes reaches the database through these three calls.
+signed. Whatever a model writes reaches the database through these two calls.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ class GuardClient:
         database: str,
         *,
         max_rows: int,
-        explain_only: bool,
+        gate: bool,
         trace: str | None,
     ) -> ExecuteReply:
-        """EXPLAIN (`explain_only`) or execute what the validator signed."""
+        """Execute what the validator signed; `gate`: EXPLAIN-gated even where the
+        executor's default is off (the reply carries the gate's plan and verdict)."""
         if not (verdict.ok and verdict.canonical_sql and verdict.policy_version):
             raise ValueError("only an approved verdict can be executed")
         req = ExecuteRequest(
@@ -48,8 +49,9 @@ class GuardClient:
             policy_version=verdict.policy_version,
             signature=verdict.signature,
             max_rows=max_rows,
-            explain_only=explain_only,
+            gate=gate,
             trace=trace,
         )
-        subject = subjects.SQL_EXPLAIN if explain_only else subjects.SQL_EXECUTE
-        return await rpc.request(self.bus.nc, subject, req, ExecuteReply, timeout=self.timeout)
+        return await rpc.request(
+            self.bus.nc, subjects.SQL_EXECUTE, req, ExecuteReply, timeout=self.timeout
+        )

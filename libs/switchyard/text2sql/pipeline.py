@@ -488,24 +488,26 @@ class Pipeline:
             await run.stage("cache", 0.0, cache="result")
             attempt.rows = cached
             return attempt
-        t = time.perf_counter()
-        plan = await self.guard.run(ask.tenant, verdict, database, max_rows=ask.max_rows,
-                                    explain_only=True, trace=ask.trace)  # fmt: skip
-        await run.stage("explain", time.perf_counter() - t, ok=plan.ok, rule=plan.rule,
-                        rows_estimated=plan.rows_estimated, plan=plan.plan[:8])  # fmt: skip
-        if not plan.ok:
-            reason = plan.error.reason if plan.error else "refused"
-            attempt.failure = prompts.Failure("explain", plan.rule, reason, plan.plan)
-            return attempt
+        # One call: the executor's EXPLAIN gate, then the run; a refusal without
+        # `gate_passed` (the plan, or a check before it) is the "explain" stage's.
         t = time.perf_counter()
         rows = await self.guard.run(ask.tenant, verdict, database, max_rows=ask.max_rows,
-                                    explain_only=False, trace=ask.trace)  # fmt: skip
-        await run.stage("rows", time.perf_counter() - t, ok=rows.ok, rule=rows.rule,
+                                    gate=True, trace=ask.trace)  # fmt: skip
+        took = time.perf_counter() - t  # split: the statement's own time is the run's
+        ran = min(took, rows.db_duration or 0.0) if rows.gate_passed else 0.0
+        await run.stage("explain", took - ran, ok=rows.gate_passed,
+                        rule=None if rows.gate_passed else rows.rule,
+                        rows_estimated=rows.rows_estimated, plan=rows.plan[:8])  # fmt: skip
+        if not rows.gate_passed:
+            reason = rows.error.reason if rows.error else "refused"
+            attempt.failure = prompts.Failure("explain", rows.rule, reason, rows.plan)
+            return attempt
+        await run.stage("rows", ran, ok=rows.ok, rule=rows.rule,
                         columns=rows.columns, count=len(rows.rows), truncated=rows.truncated,
                         db_seconds=rows.db_duration)  # fmt: skip
         if not rows.ok:
             reason = rows.error.reason if rows.error else "failed"
-            attempt.failure = prompts.Failure("execution", rows.rule, reason, plan.plan)
+            attempt.failure = prompts.Failure("execution", rows.rule, reason, rows.plan)
             return attempt
         self.results.put(key, rows)
         attempt.rows = rows

@@ -17,14 +17,14 @@ from services.edge.agent import (
     openapi_request_body,
     parse_json,
     parse_multipart,
-    replay_failure,
     response_of,
 )
 from services.edge.errors import API_ERRORS, ApiError, Forbidden
-from services.edge.lifecycle import Replay, request_lifecycle
+from services.edge.lifecycle import Replay, refusal, request_lifecycle
 from services.edge.replies import json_answer
 from services.edge.state import State, Who, request_id, traceparent
 from switchyard.messages.agent import AgentStep, RawFrame
+from switchyard.messages.inference import GenerateResult
 
 router = APIRouter(tags=["agent"])
 
@@ -73,8 +73,8 @@ async def agent_step(
     )  # fmt: skip
 
     async with request_lifecycle(
-        state, request, "agent", step, key=idempotency_key,
-        fingerprint=step_fingerprint(step_in), statuses=AGENT_STATUS,
+        state, request, "agent", GenerateResult, step, key=idempotency_key,
+        fingerprint=lambda: step_fingerprint(step_in), statuses=AGENT_STATUS,
     ) as flight:  # fmt: skip
         if isinstance(flight, Replay):
             return await replay(flight, step_in, started)
@@ -85,11 +85,11 @@ async def agent_step(
     return json_answer(out)
 
 
-async def replay(retry: Replay, step_in: StepInput, started: float) -> Response:
+async def replay(retry: Replay[GenerateResult], step_in: StepInput, started: float) -> Response:
     """A retried step (same tenant, same key): the original's answer, never a new run."""
     result = await retry.result()
-    if result.status != "ok":
-        raise replay_failure(result)
+    if (error := refusal(result, AGENT_STATUS)) is not None:
+        raise error
     out = response_of(result, step_in.fields, time.perf_counter() - started, time.time())
     return json_answer(out, retry.headers)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Request, Response
@@ -23,17 +22,10 @@ from fastapi.responses import StreamingResponse
 from services.edge import metrics, sse
 from services.edge.errors import API_ERRORS, ApiError, Forbidden
 from services.edge.idempotency import fingerprint
-from services.edge.lifecycle import (
-    POLL,
-    Flight,
-    Replay,
-    failure,
-    request_lifecycle,
-    transport_failure,
-)
+from services.edge.lifecycle import Flight, Replay, refusal, request_lifecycle
 from services.edge.replies import json_answer, server_timing
 from services.edge.state import State, Who, request_id, traceparent
-from switchyard.errors import SwitchyardError
+from switchyard.bus.reply import Progress
 from switchyard.messages.inference import ChatRequest, GenerateResult, TokenFrame
 from switchyard.openai_compat import (
     HEADER_DOC,
@@ -104,8 +96,8 @@ async def chat_completions(
     async with contextlib.AsyncExitStack() as lifecycle:
         flight = await lifecycle.enter_async_context(
             request_lifecycle(
-                state, request, "llm", chat, key=idempotency_key,
-                fingerprint=fingerprint(body.model_dump_json().encode()),
+                state, request, "llm", GenerateResult, chat, key=idempotency_key,
+                fingerprint=lambda: fingerprint(body.model_dump_json().encode()),
             )
         )  # fmt: skip
         if isinstance(flight, Replay):
@@ -116,12 +108,10 @@ async def chat_completions(
             metrics.completion_tokens(who.tenant, result.usage.completion_tokens)
             answer = completion(flight.request_id, body.model, result)
             return json_answer(answer, server_timing(result))
-        first = await flight.next(settings.first_frame_grace)
-        if first is not None and first.type != "delta":
-            raise failure(first)
+        first = await flight.first(settings.first_frame_grace)
         # From here the stream owns the request: its end (done, failed, client gone)
         # runs the lifecycle's clean-up, not this function's return.
-        events = stream(flight, lifecycle.pop_all(), body, first)
+        events = sse.events(flight, lifecycle.pop_all(), first, ChatStream(flight, body))
         return StreamingResponse(events, media_type="text/event-stream", headers=sse.HEADERS)
 
 
@@ -164,55 +154,39 @@ class _Chunks:
         )
 
 
-async def stream(
-    flight: Flight,
-    lifecycle: contextlib.AsyncExitStack,
-    body: ChatCompletionRequest,
-    first: TokenFrame | None,
-) -> AsyncIterator[str]:
-    """The SSE body: a role chunk, a chunk per delta, the finish (and usage) chunk,
-    `[DONE]`; a heartbeat comment after each `sse_heartbeat` s of silence."""
-    chunks = _Chunks(flight.request_id, body.model)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    heartbeat = flight.state.settings.sse_heartbeat
-    async with lifecycle:
-        yield chunks.event(Delta(role="assistant", content=""))
-        frame, silent_since = first, time.monotonic()
-        while True:
-            if frame is None:
-                if await flight.request.is_disconnected():
-                    return  # leaving the lifecycle cancels the request
-                if time.monotonic() - silent_since >= heartbeat:
-                    silent_since = time.monotonic()
-                    yield sse.HEARTBEAT
-            elif frame.type == "delta":
-                silent_since = time.monotonic()
-                if frame.text:
-                    yield chunks.event(Delta(content=frame.text))
-            elif frame.type == "end" and frame.result and frame.result.status == "ok":
-                result = frame.result
-                await flight.finish(result)
-                metrics.completion_tokens(flight.tenant, result.usage.completion_tokens)
-                yield chunks.event(Delta(), finish_reason(result))
-                if include_usage:
-                    yield chunks.event(Delta(), usage=usage_of(result))
-                break
-            else:
-                yield sse.event(failure(frame).body(flight.request_id))
-                break
-            try:
-                frame = await flight.next(POLL)
-            except SwitchyardError as exc:
-                yield sse.event(transport_failure(exc).body(flight.request_id))
-                break
-        yield sse.DONE
+class ChatStream(sse.Render[GenerateResult]):
+    """A streamed completion: a role chunk, a chunk per delta, the finish (and usage)
+    chunk."""
+
+    def __init__(self, flight: Flight[GenerateResult], body: ChatCompletionRequest) -> None:
+        self.chunks = _Chunks(flight.request_id, body.model)
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def opening(self) -> list[str]:
+        return [self.chunks.event(Delta(role="assistant", content=""))]
+
+    def progress(self, item: Progress) -> str | None:
+        text = item.text if isinstance(item, TokenFrame) else ""
+        return self.chunks.event(Delta(content=text)) if text else None
+
+    async def final(self, flight: Flight[GenerateResult], final: GenerateResult) -> list[str]:
+        try:
+            result = flight.check(final)
+        except ApiError as exc:
+            return [self.error(exc, flight.request_id)]
+        await flight.finish(result)
+        metrics.completion_tokens(flight.tenant, result.usage.completion_tokens)
+        parts = [self.chunks.event(Delta(), finish_reason(result))]
+        if self.include_usage:
+            parts.append(self.chunks.event(Delta(), usage=usage_of(result)))
+        return parts
 
 
-async def replay(retry: Replay, body: ChatCompletionRequest) -> Response:
+async def replay(retry: Replay[GenerateResult], body: ChatCompletionRequest) -> Response:
     """A retry with a known Idempotency-Key: the original's result, never a new run."""
     result = await retry.result()
-    if result.status != "ok":
-        raise ApiError.from_result(result)
+    if (err := refusal(result)) is not None:
+        raise err
     rid = retry.original.request_id
     if not body.stream:
         return json_answer(completion(rid, body.model, result), retry.headers)

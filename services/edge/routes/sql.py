@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import Annotated
 
-import anyio
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from services.edge import sse
-from services.edge.errors import API_ERRORS, ApiError, Forbidden
+from services.edge.errors import API_ERRORS, Forbidden
+from services.edge.idempotency import fingerprint
+from services.edge.lifecycle import Replay, refusal, request_lifecycle
 from services.edge.sql import (
+    SQL_STATUS,
     SqlAnswerBody,
     SqlAskBody,
-    SqlReply,
+    SqlStream,
     answer_body,
-    answer_failure,
-    events,
-    transport_error,
-    wait_answer,
+    replayed_stream,
 )
 from services.edge.state import State, Who, request_id, traceparent
 from switchyard.messages.sql import SqlAnswer
@@ -34,12 +35,20 @@ router = APIRouter(tags=["sql"])
         200: {"content": {"text/event-stream": {}}, "description": "Answer or SSE"},
     },
 )
-async def sql_ask(body: SqlAskBody, request: Request, state: State, who: Who) -> Response:
+async def sql_ask(
+    body: SqlAskBody,
+    request: Request,
+    state: State,
+    who: Who,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> Response:
     """A question -> its SQL, rows, summary and chart (or a clarifying question).
 
     `stream: true`: SSE `{"type": "stage"}` events, then `{"type": "answer"}`, then
-    `[DONE]`. Errors: 403 (`unknown_tenant`: no SQL policy), 400 (`rejected_sql`),
-    429 `over_quota`, 503 `no_capacity`, 504 (`expired`, or `timeout`: silence).
+    `[DONE]`. A retry with the same `Idempotency-Key` gets the first one's answer (the
+    question runs once). Errors: 403 (`unknown_tenant`: no SQL policy), 400
+    (`rejected_sql`), 429 `over_quota`, 503 `no_capacity` or `bus_unavailable` (with
+    Retry-After), 504 (`expired`, or `timeout`: silence).
     """
     settings = state.settings
     if not who.may_use_pool(settings.sql_pool):
@@ -51,23 +60,34 @@ async def sql_ask(body: SqlAskBody, request: Request, state: State, who: Who) ->
         who.tenant, request_id(request), time.time() + settings.sql_timeout,
         traceparent(request),
     )  # fmt: skip
-    reply = SqlReply(state.bus, ask, idle_timeout=settings.sql_timeout)
-    if not body.stream:
-        try:
-            return JSONResponse(answer_body(await wait_answer(reply, request)))
-        finally:
-            with anyio.CancelScope(shield=True):
-                await reply.close()
-    try:
+    async with contextlib.AsyncExitStack() as lifecycle:
+        flight = await lifecycle.enter_async_context(
+            request_lifecycle(
+                state, request, "sql", SqlAnswer, ask, key=idempotency_key,
+                fingerprint=lambda: fingerprint(body.model_dump_json().encode()),
+                idle_timeout=settings.sql_timeout, statuses=SQL_STATUS,
+            )
+        )  # fmt: skip
+        if isinstance(flight, Replay):
+            return await replay(flight, body.stream)
+        if not body.stream:
+            answer = await flight.result()
+            await flight.finish(answer)
+            return JSONResponse(answer_body(answer))
         # Like a chat stream: a refusal arriving within the grace is a real HTTP status.
-        first = await reply.next(settings.first_frame_grace)
-        if isinstance(first, SqlAnswer) and (err := answer_failure(first)) is not None:
-            raise err
-    except BaseException as exc:
-        with anyio.CancelScope(shield=True):
-            await reply.close()
-        if isinstance(exc, Exception) and not isinstance(exc, ApiError):
-            raise transport_error(exc) from None
-        raise
-    stream = events(reply, request, first, settings.sse_heartbeat)
-    return StreamingResponse(stream, media_type="text/event-stream", headers=sse.HEADERS)
+        first = await flight.first(settings.first_frame_grace)
+        events = sse.events(flight, lifecycle.pop_all(), first, SqlStream())
+        return StreamingResponse(events, media_type="text/event-stream", headers=sse.HEADERS)
+
+
+async def replay(retry: Replay[SqlAnswer], stream: bool) -> Response:
+    """A retried question (same tenant, same key): the original's answer, never a new run."""
+    answer = await retry.result()
+    if (err := refusal(answer, SQL_STATUS)) is not None:
+        raise err
+    if not stream:
+        return JSONResponse(answer_body(answer), headers=retry.headers)
+    return Response(
+        replayed_stream(answer), media_type="text/event-stream",
+        headers={**sse.HEADERS, **retry.headers},
+    )  # fmt: skip
