@@ -79,7 +79,7 @@ from switchyard.messages.agent import DEFAULT_ACTION_FORMAT, ActionFormat, Agent
 from switchyard.messages.inference import ChatMessage, FrameGeometry, Image, ImagePart, TextPart
 from switchyard.vlmgeometry import DEFAULT_VLM, PROFILES, RELATIVE_SCALE, VlmName, vlm_profile
 
-# The default profile's visual token (Qwen2.5-VL: 14 px patches merged 2x2, 28x28 px);
+# The default profile's visual token (Qwen3-VL: 16 px patches merged 2x2, 32x32 px);
 # callers that know the pool's profile pass its `patch_px`.
 PATCH_PX = PROFILES[DEFAULT_VLM].patch_px
 

@@ -54,10 +54,12 @@ class Fleet:
 
     def ready(self) -> bool:
         """Whether `sy up` printed that its fleet is ready (it waits on the fleet's
-        readiness, not a delay); fails the test at once if it exited."""
+        readiness, not a delay) and the first request to try, which it writes after the
+        edge's ready line; fails the test at once if it exited."""
         if self.proc.poll() is not None:
             pytest.fail(f"sy up exited with {self.proc.returncode}:\n{self.output()[-4000:]}")
-        return "ready: http" in self.output()
+        out = self.output()
+        return "ready: http" in out and "/v1/chat/completions" in out.split("ready: http", 1)[1]
 
     def wait_ready(self) -> None:
         try:

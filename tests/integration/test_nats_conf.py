@@ -533,7 +533,9 @@ async def test_the_edge_finds_a_stored_result_on_res(clients: dict[str, UserConn
     me.violations.clear()
     result = await stored_result(clients, "llm")
     idem = Idempotency(Bus(nc=me.nc, js=me.nc.jetstream(), settings=Settings()))
-    found = await idem.wait_result("acme", "key", "llm", result.request_id, timeout=1)
+    found = await idem.wait_result(
+        "acme", "key", "llm", GenerateResult, result.request_id, timeout=1
+    )
     assert found is not None and found.request_id == result.request_id
     await me.settle()
     assert not me.violations, me.violations

@@ -132,8 +132,9 @@ def test_frame_markers_cost_visual_tokens(client: openai.OpenAI) -> None:
         model="sim", messages=[{"role": "user", "content": "look" + marker}], max_tokens=1
     )
     assert plain.usage is not None and framed.usage is not None
-    # 1280x720 at 28 px patches = 1,176 visual tokens, plus the two vision delimiters.
-    assert framed.usage.prompt_tokens - plain.usage.prompt_tokens == 1178
+    # The default profile, qwen3-vl: one visual token per 32x32 px, so 1280x720 costs
+    # 921,600 / 1,024 = 900 visual tokens, plus the two vision delimiters.
+    assert framed.usage.prompt_tokens - plain.usage.prompt_tokens == 902
 
 
 def test_metrics_use_vllm_names_and_prefix_hits_grow(sim_url: str, client: openai.OpenAI) -> None:

@@ -25,6 +25,7 @@ from switchyard.agentactions import answer_token_budget, parse_answer_text
 from switchyard.agentprompt import fit, visual_tokens
 from switchyard.engines.base import Delta, EngineRequest
 from switchyard.engines.vllm import VllmEngine, chat_conversation
+from switchyard.vlmgeometry import PROFILES
 from switchyard.messages.inference import (
     ActionsConstraint,
     ChatMessage,
@@ -38,7 +39,9 @@ from switchyard.messages.inference import (
 
 from .conftest import VISION_MAX_PIXELS
 
-PATCH = 28
+# The checkpoint's geometry, Qwen2.5-VL's, not the default profile's (qwen3-vl, 32 px):
+# every estimate here passes it.
+PATCH = PROFILES["qwen2.5-vl"].patch_px
 BLOCK = 32  # engine_settings' KV block size: only full blocks are prefix-cached
 # Long enough for a few full KV blocks before the first frame.
 SYSTEM = (
@@ -131,7 +134,7 @@ def smart_resize_tokens(width: int, height: int, max_pixels: int) -> int:
 
 
 def estimate(width: int, height: int, max_pixels: int = VISION_MAX_PIXELS) -> int:
-    return visual_tokens(*fit(width, height, max_pixels))
+    return visual_tokens(*fit(width, height, max_pixels, PATCH), PATCH)
 
 
 async def test_one_frame_costs_the_estimated_visual_tokens(
@@ -159,10 +162,10 @@ async def test_fitted_frames_pass_through_unchanged(
 ) -> None:
     """The preprocessor's frames (`fit`: whole 28 px tokens, within max_pixels) are what
     the model sees: their visual tokens are exactly `visual_tokens(w, h)`."""
-    w, h = fit(*size, VISION_MAX_PIXELS)
+    w, h = fit(*size, VISION_MAX_PIXELS, PATCH)
     request = agent_request(f"fitted-{w}x{h}", (frame(4, w, h),))
     deltas = await run(vision_engine, request)
-    assert visual_tokens_seen(tokenizer, request, deltas[-1].prompt_tokens) == visual_tokens(w, h)
+    assert visual_tokens_seen(tokenizer, request, deltas[-1].prompt_tokens) == visual_tokens(w, h, PATCH)
 
 
 @pytest.mark.parametrize("size", [(1080, 1920), (1440, 2560), (360, 640), (500, 900)])
@@ -178,7 +181,7 @@ async def test_raw_frames_follow_smart_resize(
     deltas = await run(vision_engine, request)
     seen = visual_tokens_seen(tokenizer, request, deltas[-1].prompt_tokens)
     assert seen == smart_resize_tokens(w, h, VISION_MAX_PIXELS)
-    fw, fh = fit(w, h, VISION_MAX_PIXELS)
+    fw, fh = fit(w, h, VISION_MAX_PIXELS, PATCH)
     assert estimate(w, h) <= seen <= (fw // PATCH + 1) * (fh // PATCH + 1)
     if w * h >= VISION_MAX_PIXELS:
         assert seen == estimate(w, h)

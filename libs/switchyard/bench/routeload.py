@@ -60,7 +60,7 @@ from switchyard.token_estimate import estimate_tokens
 WorkloadName = Literal["agent", "chat"]
 WORKLOADS: tuple[WorkloadName, ...] = ("agent", "chat")
 
-FRAME = (1280, 720)  # a phone screen in landscape: 1,176 visual tokens in the sim
+FRAME = (1280, 720)  # a phone screen in landscape: 900 visual tokens in the sim (qwen3-vl)
 MAX_TOKENS = 48  # the agent default (StepOptions); Action answers are ~20 tokens
 IMAGE_FRAMING_TOKENS = 2  # <|vision_start|> and <|vision_end|> around each frame
 
