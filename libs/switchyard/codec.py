@@ -136,8 +136,3 @@ def envelope_or_none(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Enve
         return decode_envelope(data, max_bytes=max_bytes)
     except DecodeError:
         return None
-
-
-def to_jsonable(message: BaseModel) -> Any:
-    """A JSON view of a message (bytes as base64), for logs, replay and `sy publish`."""
-    return message.model_dump(mode="json")

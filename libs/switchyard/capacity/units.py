@@ -44,18 +44,6 @@ class MemUnit(StrEnum):
         return GB if self is MemUnit.GB else GiB
 
 
-def to_gb(n_bytes: float) -> float:
-    return n_bytes / GB
-
-
-def to_gib(n_bytes: float) -> float:
-    return n_bytes / GiB
-
-
-def to_mib(n_bytes: float) -> float:
-    return n_bytes / MiB
-
-
 # A model has MIN_PARAMS..MAX_PARAMS parameters (10^13 = 10,000 B: well past any model
 # one replica serves). A bare number below BILLIONS_BELOW is billions ("70", "7.61"), one
 # from MIN_PARAMS up is a count ("70e9", "135000000"); in between neither reading is a

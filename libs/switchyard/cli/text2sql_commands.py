@@ -337,7 +337,7 @@ def _probe(
     console.print(
         f"{what} at cosine >= {threshold}: {probe.hits} hit(s) in {probe.asked} "
         f"questions, {probe.false_hits} false: false-hit rate "
-        f"{probe.false_hits / probe.hits if probe.hits else 0.0:.1%} "
+        f"{probe.false_hit_rate:.1%} "
         f"(95% Wilson {lo:.1%}-{hi:.1%})"
     )
     if kind == "verified":
