@@ -52,10 +52,10 @@ VISION = {
     "out_hidden_size": 4096, "deepstack_visual_indexes": [8, 16, 24],
 }  # fmt: skip
 # The same architecture at toy size, for --smoke.
+SMOKE_ROPE = {**TEXT["rope_parameters"], "mrope_section": [2, 3, 3]}  # sums to head_dim / 2
 SMOKE_TEXT = {**TEXT, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-              "vocab_size": 152000,
-              "rope_parameters": {**TEXT["rope_parameters"], "mrope_section": [2, 3, 3]}}  # fmt: skip
+              "vocab_size": 152000, "rope_parameters": SMOKE_ROPE}  # fmt: skip
 SMOKE_VISION = {**VISION, "depth": 2, "hidden_size": 32, "intermediate_size": 64,
                 "num_heads": 2, "out_hidden_size": 64, "deepstack_visual_indexes": [0]}  # fmt: skip
 IMAGE_TOKEN_ID = 151655  # Qwen3VLConfig.image_token_id
@@ -218,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     for g in report["gemms"]:
         fp8 = f"  fp8 {g['fp8_tflops']:7.1f} TFLOP/s" if "fp8_tflops" in g else ""
-        print(f"{g['stage']:>10} {g['gemm']:>8} {g['m']:>5}x{g['k']}x{g['n']}: "
-              f"bf16 {g['bf16_tflops']:7.1f} TFLOP/s {g['bf16_weight_gbs']:7.0f} GB/s{fp8}")  # fmt: skip
+        shape = f"{g['stage']:>10} {g['gemm']:>8} {g['m']:>5}x{g['k']}x{g['n']}"
+        bf16 = f"bf16 {g['bf16_tflops']:7.1f} TFLOP/s {g['bf16_weight_gbs']:7.0f} GB/s"
+        print(f"{shape}: {bf16}{fp8}")
     f = report["forward"]
     print(f"forward ({f['params_b']:.2f}B params, {f['patches']} patches, "
           f"{f['prompt_tokens']} prompt tokens): encoder {f['encoder_s'] * 1e3:.1f} ms, "
