@@ -95,9 +95,7 @@ def test_labels_name_their_preset_and_unknown_names() -> None:
     ("gpu", "precision"), [("a100", "bf16"), ("h100", "fp8"), ("rtx5090", "bf16"),
                            ("rtx5090", "fp8")],
 )  # fmt: skip
-async def test_the_planner_and_the_sim_agree_on_frames_per_second(
-    gpu: str, precision: str
-) -> None:
+async def test_the_planner_and_the_sim_agree_on_frames_per_second(gpu: str, precision: str) -> None:
     """frames/s at 100 % busy: the planner's `frames_per_second` against the sim engine's
     own prefill of one uncached 1280x720 frame (as the preprocessor resizes it)."""
     from switchyard.cli.plan_commands import plan_frames

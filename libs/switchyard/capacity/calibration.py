@@ -68,21 +68,22 @@ estimate: the A100's measured eta_bw (no public decode timing of these cards).
 FP8 assumes the same MFU of the FP8 peak as BF16 reaches of its own: an estimate
 (the GEMMs of the device check, deploy/gpu, would measure it).
 
-The figures this gives (`sim_calibration(gpu, model, precision)`; per-token
-figures in ms, the encoder's for one 1280x720 frame, 3,520 patches):
+The figures this gives (`sim_calibration(gpu, model, precision)`; ms; "encoder" for
+one 1280x720 frame, 3,520 patches; "frame" = `frame_seconds`; fps = 1 / frame):
 
-| preset | model | precision | tpot_base | tpot_per_seq | prefill/token | encoder/frame | frame (100 % busy) | KV tokens |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| `a100` | qwen2.5-vl-7b | bf16 | 11.95 | 0.0683 | 0.110 | - | 97.0 ms | 1,793,387 |
-| `a100` | qwen3-vl-8b | bf16 | 11.82 | 0.1757 | 0.0922 | 64.8 | 146.6 ms | 615,532 |
-| `h100` | qwen3-vl-8b | bf16 | 7.19 | 0.1069 | 0.0473 | 68.4 | 111.0 ms | 615,532 |
-| `h100` | qwen3-vl-8b | fp8 | 4.09 | 0.1069 | 0.0236 | 45.2 | 66.9 ms | 717,336 |
-| `rtx5090` | qwen3-vl-8b | bf16 | 13.45 | 0.1994 | 0.137 | 124.1 | 245.1 ms | 59,985 |
-| `rtx5090` | qwen3-vl-8b | fp8 | 7.66 | 0.1994 | 0.0686 | 76.6 | 137.4 ms | 161,789 |
+| preset | model | prec. | tpot_base | per seq | prefill/token | encoder | frame | fps | KV tokens |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| `a100` | qwen2.5-vl-7b | bf16 | 11.95 | 0.0683 | 0.1100 | - | 124.0 | 8.07 | 1,793,387 |
+| `a100` | qwen3-vl-8b | bf16 | 10.91 | 0.1756 | 0.0922 | 94.6 | 177.4 | 5.64 | 684,407 |
+| `h100` | qwen3-vl-8b | bf16 | 6.64 | 0.1069 | 0.0473 | 48.6 | 91.1 | 10.98 | 684,407 |
+| `h100` | qwen3-vl-8b | fp8 | 3.59 | 0.1069 | 0.0236 | 32.2 | 53.8 | 18.58 | 786,391 |
+| `rtx5090` | qwen3-vl-8b | bf16 | 12.41 | 0.1998 | 0.1373 | 140.9 | 264.2 | 3.78 | 98,470 |
+| `rtx5090` | qwen3-vl-8b | fp8 | 6.72 | 0.1998 | 0.0686 | 93.4 | 156.2 | 6.40 | 200,453 |
 
-("frame" = `frame_seconds`: the encoder plus the prefill of one frame's 882
-uncached tokens at the start of a prompt; its inverse is the frames/s a GPU
-serves at 100 % busy, the ceiling `sy plan` reports and the sim reproduces.)
+(`frame_seconds`: the encoder plus the prefill of one frame's 882 uncached
+tokens at the start of a prompt; fps is what one GPU serves at 100 % busy, the
+ceiling `sy plan` reports and the sim reproduces within 10 %, tests/unit/
+test_capacity_calibration.py. The qwen2.5-vl-7b frame is 1,125 tokens of 28 px.)
 """
 
 from __future__ import annotations
@@ -298,10 +299,10 @@ def sim_calibration(
     else:
         per_token = 2 * layers / (peak * eff.prefill_mfu)
         attn = 4 * m.layers * (m.heads or 0) * m.head_dim / (bf16 * eff.prefill_mfu)
-    per_patch = pair = 0.0
+    per_patch, pair = 0.0, 0.0
     v = m.vision
     if v is not None:
-        matmuls = v.depth * v.block_params + v.embed_params
+        matmuls: float = v.depth * v.block_params + v.embed_params
         matmuls += v.mergers * v.merger_params / v.spatial_merge**2
         per_patch = 2 * matmuls / (peak * eff.encoder_mfu)
         pair = 4 * v.depth * v.hidden / (bf16 * eff.encoder_mfu)

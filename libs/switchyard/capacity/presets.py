@@ -57,8 +57,8 @@ class VisionSpec(BaseModel):
 
     @property
     def params(self) -> int:
-        return self.depth * self.block_params + self.mergers * self.merger_params + (
-            self.embed_params
+        return (
+            self.depth * self.block_params + self.mergers * self.merger_params + (self.embed_params)
         )
 
 
@@ -173,7 +173,8 @@ GPUS: dict[str, GpuSpec] = {
     # 1.77 x its 209.5 spec: the BF16 spec understates what the tensor cores run).
     "rtx-5090": GpuSpec(
         name="GeForce RTX 5090 32GB", memory_gb=32, bandwidth_gbs=1792, dense_tflops=209.5,
-        fp8_tflops=419, nvlink_gbs=None, source="NVIDIA RTX Blackwell whitepaper (FP32-accumulate dense)",
+        fp8_tflops=419, nvlink_gbs=None,
+        source="NVIDIA RTX Blackwell whitepaper (FP32-accumulate dense)",
     ),
     # GeForce RTX 4090 (Ada AD102): 24 GB GDDR6X, 1,008 GB/s; FP16 tensor 330.3 dense with FP16
     # accumulate, 165.2 with FP32 accumulate; PCIe 4.0, no NVLink. NVIDIA Ada Lovelace

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -121,7 +121,7 @@ def agent_sim(
     from switchyard.agentprompt import LAYOUTS
     from switchyard.bench.agentsearch import run_capacity_search
     from switchyard.bench.agentsim import AgentSimConfig, AgentSimConfigError, run_agent_sim
-    from switchyard.capacity.calibration import PRECISIONS, SIM_GPUS, Precision
+    from switchyard.capacity.calibration import PRECISIONS, SIM_GPUS
     from switchyard.vlmgeometry import VLM_NAMES
 
     if vlm not in VLM_NAMES:
@@ -155,7 +155,7 @@ def agent_sim(
             stagger_s=stagger if stagger is not None else (cadence if search else 0.0),
             layout=layout, window=window,
             action_format=action_format, gpu=gpu,
-            precision=cast("Precision | None", precision),
+            precision=precision,
             chunk=chunk, act_ms=act_ms, asynchronous=asynchronous, lead_ms=lead_ms,
             clock_skew_s=clock_skew,
             ramp_steps=ramp_steps if ramp_steps is not None else

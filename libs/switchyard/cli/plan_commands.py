@@ -276,7 +276,9 @@ def plan_cmd(
     ),
     block_tokens: int = typer.Option(16, "--block-tokens", help="KV block size (vLLM: 16)"),
     bw_efficiency: float | None = typer.Option(
-        None, "--bw-efficiency", help=f"default: the sim's for its GPUs, else {DEFAULT_BW_EFFICIENCY}"
+        None,
+        "--bw-efficiency",
+        help=f"default: the sim's for its GPUs, else {DEFAULT_BW_EFFICIENCY}",
     ),
     mfu: float | None = typer.Option(
         None, "--mfu", help=f"prefill MFU; default: the sim's for its GPUs, else {DEFAULT_MFU}"
