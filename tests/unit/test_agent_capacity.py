@@ -196,7 +196,10 @@ def test_history_entries_are_one_line_in_the_steps_format() -> None:
 @pytest.mark.parametrize(
     "bad",
     [{"chunk": 6}, {"chunk": 0}, {"window": 0}, {"act_ms": -1.0}, {"lead_ms": -1.0},
-     {"gpu": "a100"}, {"engine": "sim", "gpu": "tpu"}, {"steps": 2, "ramp_steps": 2}],
+     {"gpu": "a100"}, {"engine": "sim", "gpu": "tpu"}, {"steps": 2, "ramp_steps": 2},
+     # fp8 needs the sim and a card with FP8: the default card (a100) has none.
+     {"precision": "fp8"}, {"engine": "sim", "precision": "fp8"},
+     {"engine": "sim", "gpu": "rtx5090", "precision": "int4"}],
 )  # fmt: skip
 def test_a_config_that_cannot_describe_a_run_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(AgentSimConfigError):
@@ -218,10 +221,11 @@ def test_bisection_stops_within_ten_percent_of_the_passing_load() -> None:
 
 
 def test_the_limit_tells_own_decode_from_decode_slowed_by_others_prefill() -> None:
-    # 20 output tokens on the a100 preset: 20 x (1 + 11.95 + 0.0683) ms = 260.4 ms alone.
+    # 20 output tokens on the a100 anchor (folded Qwen2.5-VL-7B):
+    # 20 x (1 + 11.95 + 0.0683) ms = 260.4 ms alone.
     recs = [rec(k, router=0, dispatch=0, queue=0, prefill=0.14, decode=0.39) for k in range(10)]
     for r in recs:
-        r.output_tokens, r.calibration = 20, "a100"
+        r.output_tokens, r.calibration = 20, "a100@qwen2.5-vl-7b"
     m = modelled_latency(recs, scale=1.0, loop_s=10.0, ideal_s=10.0)
     assert m is not None and m.tail_output_tokens == 20.0
     assert m.tail_decode_alone_ms == pytest.approx(260.4, abs=0.1)

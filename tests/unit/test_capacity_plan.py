@@ -396,7 +396,8 @@ def test_cli_gib_reading_and_presets() -> None:
     def step_ms(n: int) -> float:
         return float(s["fixed_ms"] + s["ttft_ms"] + s["tpot_ms"] * (n - 1))
 
-    assert o == 13
+    # 16 at the sim's RTX 5090 efficiencies (MFU 0.483, eta_bw 0.680; 13 at the generic 0.4 / 0.6).
+    assert o == 16
     assert step_ms(o) <= 500 < step_ms(o + 1)
 
 

@@ -7,6 +7,7 @@ so these tests do not depend on wall-clock noise.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import random
@@ -48,7 +49,9 @@ SYSTEM = "You are a game agent. Look at the screen and answer with one action. "
 
 @asynccontextmanager
 async def sim(**overrides: Any) -> AsyncIterator[SimEngine]:
-    settings = SimSettings(**{"delay_scale": 0.0, **overrides})
+    # The scheduler's arithmetic is checked on the folded anchor model, whose prefill is
+    # linear in tokens; Qwen3-VL-8B's attention and encoder terms have tests of their own.
+    settings = SimSettings(**{"delay_scale": 0.0, "model": "qwen2.5-vl-7b", **overrides})
     engine = SimEngine(settings)
     await engine.start()
     try:
@@ -342,7 +345,7 @@ async def test_defaults_reproduce_the_a100_calibration_point() -> None:
     so the alignment averages half a step, as it does for the benchmark's requests."""
     rng = random.Random(7)
     async with sim(delay_scale=0.5) as engine:
-        assert engine.calibration == "a100"
+        assert engine.calibration == "a100@qwen2.5-vl-7b"
         assert engine.tpot(50) == pytest.approx(0.01636, rel=0.01)
         assert engine.tpot(10) == pytest.approx(0.01636 / 1.2, rel=0.01)
         background = [
@@ -381,7 +384,7 @@ async def test_defaults_reproduce_the_a100_calibration_point() -> None:
 async def test_prefill_is_chunked_under_the_step_budget() -> None:
     """Decodes first, then prefill chunks in admission order within the budget; the step
     that finishes a prompt emits its first token; decoders see the longer steps."""
-    cost = SimSettings().prefill_cost_per_token
+    cost = SimSettings(model="qwen2.5-vl-7b").prefill_cost_per_token
     async with sim(max_num_batched_tokens=1000) as engine:
         reqs = [text_request(r, exact_prompt(r, 600), max_tokens=4) for r in "abc"]
         await asyncio.gather(*(run(engine, r) for r in reqs))
@@ -744,7 +747,8 @@ async def test_every_timing_carries_its_calibration() -> None:
         fm, sm = fast.modelled_timings("t"), slow.modelled_timings("t")
     assert f is not None and s is not None and fm is not None and sm is not None
     assert (f.calibration, fm.calibration, s.calibration, sm.calibration) == (
-        "h100", "h100", "rtx5090", "rtx5090",
+        "h100@qwen2.5-vl-7b", "h100@qwen2.5-vl-7b", "rtx5090@qwen2.5-vl-7b",
+        "rtx5090@qwen2.5-vl-7b",
     )  # fmt: skip
     assert f.ttft is not None and s.ttft is not None and f.ttft < s.ttft
 
@@ -758,3 +762,56 @@ def test_the_engine_factory_takes_the_preset_from_the_environment(
     engine = make_engine("sim")
     assert isinstance(engine, SimEngine) and engine.calibration == "h100"
     assert engine.tpot(50) < SimEngine(SimSettings(gpu="a100")).tpot(50)
+
+
+# -- Qwen3-VL-8B: the encoder and attention terms, precision ---------------------------
+
+
+async def test_qwen3_vl_prefill_adds_the_encoder_once_per_uncached_frame() -> None:
+    """The default model pays the vision encoder for a frame whose tokens are not cached
+    and attention growing with the position; a repeat of the same frame pays neither."""
+    from switchyard.capacity.calibration import encoder_seconds, prefill_chunk_seconds
+
+    async with sim(model="qwen3-vl-8b") as engine:
+        s = engine.settings
+        assert s.model == "qwen3-vl-8b" and engine.calibration == "a100"
+        img = frame(1, 1280, 704)  # 40 x 22 = 880 visual tokens of 32 px, 3,520 patches
+        first = EngineRequest(
+            request_id="f1", prompt="look " * 40, images=(img,),
+            sampling=Sampling(max_tokens=1, temperature=0.0),
+        )  # fmt: skip
+        await run(engine, first)
+        t = engine.timings("f1")
+        assert t is not None and t.ttft is not None
+        n = t.uncached_tokens
+        expected = engine.tpot(1) + prefill_chunk_seconds(s, 0, n) + encoder_seconds(s, 3520)
+        assert t.ttft == pytest.approx(expected)
+        assert encoder_seconds(s, 3520) > 0.3 * expected  # the encoder is no rounding error
+        again = dataclasses.replace(first, request_id="f2")
+        await run(engine, again)
+        t2 = engine.timings("f2")
+        assert t2 is not None and t2.ttft is not None and t2.cached_tokens > 0
+        assert t2.ttft == pytest.approx(engine.tpot(1) + prefill_chunk_seconds(
+            s, t2.cached_tokens, t2.uncached_tokens))  # fmt: skip
+
+
+def test_precision_is_a_preset_setting_and_fp8_needs_a_card_with_fp8(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pydantic import ValidationError
+
+    bf16, fp8 = SimSettings(gpu="rtx5090"), SimSettings(gpu="rtx5090", precision="fp8")
+    assert (bf16.calibration, fp8.calibration) == ("rtx5090", "rtx5090+fp8")
+    assert fp8.overridden() == []
+    # W8A8: half the weight bytes a decode step reads (the LM head stays BF16), twice the
+    # matmul rate; the KV cache is fp8 in both, so the cache grows by the weights freed.
+    assert 0.5 * bf16.tpot_base < fp8.tpot_base < 0.6 * bf16.tpot_base
+    assert fp8.prefill_cost_per_token == pytest.approx(bf16.prefill_cost_per_token / 2, rel=1e-4)
+    assert fp8.tpot_per_seq == bf16.tpot_per_seq
+    assert fp8.kv_capacity_tokens > 2 * bf16.kv_capacity_tokens
+    monkeypatch.setenv("SY_SIM_PRECISION", "fp8")
+    monkeypatch.setenv("SY_SIM_GPU", "h100")
+    assert SimSettings().calibration == "h100+fp8"
+    monkeypatch.setenv("SY_SIM_GPU", "a100")
+    with pytest.raises(ValidationError, match="no FP8 tensor math"):
+        SimSettings()

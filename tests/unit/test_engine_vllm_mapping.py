@@ -933,3 +933,13 @@ async def test_stats_read_vllm_prometheus_metrics(fake_vllm: type[AsyncLLM]) -> 
     assert (stats.prefix_queried_tokens, stats.prefix_hit_tokens) == (1000, 750)
     assert stats.prefix_hit_rate == pytest.approx(0.75)
     await engine.close()
+
+
+def test_fp8_precision_quantizes_unless_the_checkpoint_is_fp8() -> None:
+    assert "quantization" not in engine_args_kwargs(VllmSettings())  # bf16: the checkpoint's
+    kw = engine_args_kwargs(VllmSettings(precision="fp8"))
+    assert kw["quantization"] == "fp8" and kw["kv_cache_dtype"] == "fp8"
+    fp8_checkpoint = VllmSettings(precision="fp8", model="Qwen/Qwen3-VL-8B-Instruct-FP8")
+    assert "quantization" not in engine_args_kwargs(fp8_checkpoint)
+    with pytest.raises(ValueError, match="precision"):
+        VllmSettings(precision="int4")  # type: ignore[arg-type]

@@ -89,7 +89,17 @@ from switchyard.bench.stats import percentile
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
-from switchyard.capacity.calibration import SIM_GPUS, SimGpu, sim_calibration
+from switchyard.capacity.calibration import (
+    PRECISIONS,
+    SIM_GPUS,
+    Precision,
+    SimGpu,
+    calibration_of,
+    frame_seconds,
+    frame_tokens,
+    sim_calibration,
+)
+from switchyard.capacity.errors import CapacityInputError
 from switchyard.config import Settings
 from switchyard.engines.base import EngineRequest
 from switchyard.engines.sim import SimSettings, decode_step_seconds
@@ -151,6 +161,7 @@ class AgentSimConfig:
     window: int = DEFAULT_WINDOW
     action_format: ActionFormat = DEFAULT_ACTION_FORMAT
     gpu: SimGpu | None = None  # the sim workers' calibration preset; None = the sim's default
+    precision: Precision | None = None  # the sim workers' precision (SY_SIM_PRECISION)
     chunk: int = 1  # actions per answer (StepOptions.chunk)
     act_ms: float = 0.0  # modelled ms one action takes on the phone
     asynchronous: bool = False  # send the next step while the chunk executes
@@ -172,6 +183,13 @@ class AgentSimConfig:
             raise AgentSimConfigError(f"gpu is one of {', '.join(SIM_GPUS)}, got {self.gpu!r}")
         if self.gpu is not None and self.engine != "sim":
             raise AgentSimConfigError("gpu picks a sim calibration: it needs engine sim")
+        if self.precision is not None:
+            if self.precision not in PRECISIONS or self.engine != "sim":
+                raise AgentSimConfigError("precision is bf16 or fp8, for engine sim")
+            try:  # fp8 on a card without FP8 (a100, the sim's default card) is refused here
+                sim_calibration(self.gpu or "a100", precision=self.precision)
+            except CapacityInputError as e:
+                raise AgentSimConfigError(e.reason) from None
         if not 0 <= self.ramp_steps < self.steps:
             raise AgentSimConfigError(f"ramp_steps is 0..steps-1, got {self.ramp_steps}")
         if self.vlm not in VLM_NAMES:
@@ -622,9 +640,10 @@ def _decode_alone_ms(recs: Sequence[StepRecord]) -> float | None:
     """Mean decode time of `recs`' answers alone on their calibration's GPU (batch of one)."""
     alone = []
     for r in recs:
-        if r.calibration not in SIM_GPUS:
+        cal = calibration_of(r.calibration)
+        if cal is None:
             return None
-        alone.append(r.output_tokens * decode_step_seconds(sim_calibration(r.calibration), 1))
+        alone.append(r.output_tokens * decode_step_seconds(cal, 1))
     return _ms(sum(alone) / len(alone)) if alone else None
 
 
@@ -656,10 +675,12 @@ def _rates(
     if span <= 0:
         return 0.0, None
     rate = len(inside) / span
-    preset = (calibration or "").split("+")[0]
-    if cfg.engine != "sim" or preset not in SIM_GPUS:
+    cal = calibration_of(calibration)
+    if cfg.engine != "sim" or cal is None:
         return round(rate, 2), None
-    per_token = sim_calibration(preset).prefill_cost_per_token
+    # A token's share of a whole frame's GPU time (its encoder pass included), as
+    # `frame_seconds` defines it: uncached tokens are mostly new frames.
+    per_token = frame_seconds(cal) / (frame_tokens(cal.model)[0] + 2)
     uncached = sum(max(0, r.prompt_tokens - r.cached_tokens) for r in inside)
     return round(rate, 2), round(uncached * per_token / span / max(1, cfg.workers), 3)
 
@@ -765,6 +786,8 @@ def agent_fleet(cfg: AgentSimConfig) -> Iterator[str]:
         sim = env_of(sim_delay_scale=cfg.delay_scale, sim_vlm=cfg.vlm)
         if cfg.gpu is not None:
             sim |= env_of(sim_gpu=cfg.gpu)
+        if cfg.precision is not None:
+            sim |= env_of(sim_precision=cfg.precision)
     preprocessor = env_of(
         frame_procs=1, max_pixels=cfg.max_pixels, frame_cache=cfg.frame_cache,
         agent_layout=cfg.layout, agent_window=cfg.window, agent_vlm=cfg.vlm,

@@ -68,6 +68,9 @@ def agent_sim(
     gpu: str | None = typer.Option(
         None, help="sim calibration a100|h100|rtx5090 of the started workers (SY_SIM_GPU)"
     ),
+    precision: str | None = typer.Option(
+        None, help="sim precision bf16|fp8 (W8A8) of the started workers (SY_SIM_PRECISION)"
+    ),
     chunk: int = typer.Option(1, min=1, max=5, help="actions per answer"),
     act_ms: float = typer.Option(0.0, min=0.0, help="modelled ms one action takes on the phone"),
     asynchronous: bool = typer.Option(
@@ -118,7 +121,7 @@ def agent_sim(
     from switchyard.agentprompt import LAYOUTS
     from switchyard.bench.agentsearch import run_capacity_search
     from switchyard.bench.agentsim import AgentSimConfig, AgentSimConfigError, run_agent_sim
-    from switchyard.capacity.calibration import SIM_GPUS
+    from switchyard.capacity.calibration import PRECISIONS, SIM_GPUS
     from switchyard.vlmgeometry import VLM_NAMES
 
     if vlm not in VLM_NAMES:
@@ -130,6 +133,8 @@ def agent_sim(
                                  param_hint="--action-format")  # fmt: skip
     if gpu is not None and gpu not in SIM_GPUS:
         raise typer.BadParameter(f"one of {', '.join(SIM_GPUS)}", param_hint="--gpu")
+    if precision is not None and precision not in PRECISIONS:
+        raise typer.BadParameter(f"one of {', '.join(PRECISIONS)}", param_hint="--precision")
     w, _, h = resolution.partition("x")
     sim = engine == "sim"
     scale = delay_scale if delay_scale is not None else (SEARCH_DELAY_SCALE if search else 1.0)
@@ -150,6 +155,7 @@ def agent_sim(
             stagger_s=stagger if stagger is not None else (cadence if search else 0.0),
             layout=layout, window=window,
             action_format=action_format, gpu=gpu,
+            precision=precision,
             chunk=chunk, act_ms=act_ms, asynchronous=asynchronous, lead_ms=lead_ms,
             clock_skew_s=clock_skew,
             ramp_steps=ramp_steps if ramp_steps is not None else

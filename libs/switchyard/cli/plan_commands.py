@@ -30,6 +30,16 @@ from switchyard.capacity import (
     parse_params,
     plan,
 )
+from switchyard.capacity.calibration import (
+    EFFICIENCY,
+    GPU_OF,
+    PRECISIONS,
+    SIM_MODELS,
+    SimGpu,
+    frames_per_second,
+    peak_flops,
+    sim_calibration,
+)
 from switchyard.capacity.performance import DEFAULT_BW_EFFICIENCY, DEFAULT_MFU
 from switchyard.capacity.plan import DEFAULT_FIXED_MS
 
@@ -96,6 +106,39 @@ def _gpu(
         "dense_tflops": tflops,
         "nvlink": bool(nvlink),
     }
+
+
+def _sim_preset(gpu: str | None) -> SimGpu | None:
+    """The sim calibration preset of the planner's GPU preset `gpu`, if it has one."""
+    return next((k for k, v in GPU_OF.items() if gpu is not None and v == gpu.lower()), None)
+
+
+def plan_frames(model: str | None, gpu: str | None, precision: str) -> float | None:
+    """Frames/s one GPU serves at 100 % busy (`calibration.frames_per_second`: the sim's
+    figures), or None where the model or the GPU has no sim calibration."""
+    preset = _sim_preset(gpu)
+    if preset is None or model is None or model.lower() not in SIM_MODELS:
+        return None
+    return frames_per_second(sim_calibration(preset, model, precision))
+
+
+def _efficiencies(
+    gpu: str | None, precision: str, mfu: float | None, bw_efficiency: float | None
+) -> tuple[float, float, float | None]:
+    """(MFU, eta_bw, FP8 TFLOPS or None): the sim's efficiencies for a GPU it calibrates,
+    the planner's defaults otherwise; what is given explicitly wins."""
+    preset = _sim_preset(gpu)
+    eff = EFFICIENCY[preset] if preset is not None else None
+    fp8 = None
+    if precision == "fp8":
+        spec = gpu_preset(gpu) if gpu is not None else None
+        fp8 = peak_flops(spec, "fp8") / 1e12 if spec is not None else None
+    return (
+        mfu if mfu is not None else (eff.prefill_mfu if eff else DEFAULT_MFU),
+        bw_efficiency if bw_efficiency is not None else (
+            eff.bw_efficiency if eff else DEFAULT_BW_EFFICIENCY),
+        fp8,
+    )  # fmt: skip
 
 
 def _list_presets(as_json: bool) -> None:
@@ -206,7 +249,12 @@ def plan_cmd(
     layers: int | None = typer.Option(None, "--layers"),
     kv_heads: int | None = typer.Option(None, "--kv-heads"),
     head_dim: int | None = typer.Option(None, "--head-dim"),
-    weight_bytes: float = typer.Option(2, "--weight-bytes", help="per parameter: 2 BF16, 1 FP8"),
+    precision: str = typer.Option(
+        "bf16", "--precision", help="bf16 or fp8 (W8A8: 1-byte weights, the card's FP8 rate)"
+    ),
+    weight_bytes: float | None = typer.Option(
+        None, "--weight-bytes", help="per parameter: 2 BF16, 1 FP8 (default: --precision's)"
+    ),
     weights_gb: float | None = typer.Option(
         None, "--weights-gb", help="weights as a memory figure (overrides params × bytes)"
     ),
@@ -227,8 +275,14 @@ def plan_cmd(
         MemUnit.GB, "--mem-unit", help="how to read bare memory figures: GB=10^9, GiB=2^30"
     ),
     block_tokens: int = typer.Option(16, "--block-tokens", help="KV block size (vLLM: 16)"),
-    bw_efficiency: float = typer.Option(DEFAULT_BW_EFFICIENCY, "--bw-efficiency"),
-    mfu: float = typer.Option(DEFAULT_MFU, "--mfu", help="prefill model FLOPs utilisation"),
+    bw_efficiency: float | None = typer.Option(
+        None,
+        "--bw-efficiency",
+        help=f"default: the sim's for its GPUs, else {DEFAULT_BW_EFFICIENCY}",
+    ),
+    mfu: float | None = typer.Option(
+        None, "--mfu", help=f"prefill MFU; default: the sim's for its GPUs, else {DEFAULT_MFU}"
+    ),
     concurrency: int | None = typer.Option(None, "--concurrency", help="target sequences"),
     target_rps: float | None = typer.Option(None, "--target-rps", help="target requests/s"),
     prompt_tokens: int | None = typer.Option(
@@ -252,10 +306,20 @@ def plan_cmd(
     if list_presets:
         _list_presets(as_json)
         return
+    if precision not in PRECISIONS:
+        err_console.print(f"error: --precision: one of {', '.join(PRECISIONS)}")
+        raise typer.Exit(2)
     try:
+        mfu, bw_efficiency, fp8_tflops = _efficiencies(gpu, precision, mfu, bw_efficiency)
+        if weight_bytes is None:
+            weight_bytes = 1 if precision == "fp8" else 2
+        hardware = _gpu(gpu, gpu_mem_gb, bandwidth_gbs, tflops, nvlink)
+        if fp8_tflops is not None and tflops is None:
+            hardware["dense_tflops"] = fp8_tflops
+        frames = plan_frames(model, gpu, precision)
         request = PlanRequest(
             model=_model(model, params, layers, kv_heads, head_dim),
-            **_gpu(gpu, gpu_mem_gb, bandwidth_gbs, tflops, nvlink),
+            **hardware,
             gpus=gpus, util=util, overhead=overhead_gb, weight_bytes=weight_bytes,
             weights=weights_gb, kv_bytes=kv_bytes, context=context, block_tokens=block_tokens,
             mem_unit=mem_unit, bw_efficiency=bw_efficiency, mfu=mfu, concurrency=concurrency,
@@ -276,9 +340,14 @@ def plan_cmd(
             err_console.print(f"error: {where}{msg}", soft_wrap=True)
         raise typer.Exit(2) from None
     if as_json:
-        print(json.dumps(result.as_dict()))
+        print(json.dumps({**result.as_dict(), "precision": precision,
+                          "frames_per_s_per_gpu_at_full_busy": frames}))  # fmt: skip
         return
     _render(result)
+    if frames is not None:
+        console.print(
+            f"frames/s per GPU at 100 % busy ({precision}, the sim's calibration): {frames:.2f}"
+        )
 
 
 def register(app: typer.Typer) -> None:

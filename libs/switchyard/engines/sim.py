@@ -66,8 +66,18 @@ from typing import Any, Literal, Protocol
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from switchyard.capacity.calibration import SimGpu, sim_calibration
+from switchyard.capacity.calibration import (
+    DEFAULT_SIM_MODEL,
+    Precision,
+    SimCalibration,
+    SimGpu,
+    SimModel,
+    encoder_seconds,
+    prefill_chunk_seconds,
+    sim_calibration,
+)
 from switchyard.capacity.errors import CapacityInputError
+from switchyard.capacity.presets import model_preset
 from switchyard.config import SectionSettings
 from switchyard.engines.base import (
     Capabilities,
@@ -145,7 +155,7 @@ log = get_logger("switchyard.engines.sim")
 # step count), not the prefill work in total.
 # ---------------------------------------------------------------------------
 
-_A100 = sim_calibration("a100")
+_A100 = sim_calibration("a100", DEFAULT_SIM_MODEL)
 # The SimSettings fields a calibration preset sets.
 CALIBRATED = tuple(_A100.settings())
 
@@ -160,6 +170,11 @@ class SimSettings(SectionSettings):
     model_config = SettingsConfigDict(env_prefix="SY_SIM_")
 
     gpu: SimGpu = Field(default="a100", description="calibration preset: a100, h100, rtx5090")
+    # The model simulated (its shapes set the figures, `capacity.calibration`): the seeds'
+    # Qwen3-VL-8B; qwen2.5-vl-7b is the folded model of the A100 anchor ([S0]).
+    model: SimModel = Field(default=DEFAULT_SIM_MODEL, description="qwen3-vl-8b, qwen2.5-vl-7b")
+    # bf16, or fp8 = W8A8 (FP8 weights and matmuls; refused on a card without FP8: a100).
+    precision: Precision = Field(default="bf16", description="bf16 or fp8 (W8A8)")
     max_num_seqs: int = Field(default=64, ge=1, le=4096, description="continuous batching cap")
     max_num_batched_tokens: int = Field(
         default=8192, ge=1, description="tokens per step: 1 per decoding sequence + prefill chunks"
@@ -180,6 +195,15 @@ class SimSettings(SectionSettings):
     )
     step_overhead: float = Field(
         default=_A100.step_overhead, ge=0, description="fixed s per step (preset)"
+    )
+    prefill_attn_cost: float = Field(
+        default=_A100.prefill_attn_cost, ge=0, description="s per (token, earlier token) (preset)"
+    )
+    encoder_cost_per_patch: float = Field(
+        default=_A100.encoder_cost_per_patch, ge=0, description="s per frame patch (preset)"
+    )
+    encoder_attn_cost: float = Field(
+        default=_A100.encoder_attn_cost, ge=0, description="s per frame patch pair (preset)"
     )
     delay_scale: float = Field(default=1.0, ge=0, description="wall s per modelled s; 0 = instant")
     tokens_per_image: int = Field(default=256, ge=1, description="when an image has no size")
@@ -202,13 +226,15 @@ class SimSettings(SectionSettings):
         if not isinstance(data, dict):
             return data
         gpu = str(data.get("gpu", "a100")).lower()
+        model = str(data.get("model", DEFAULT_SIM_MODEL)).lower()
+        precision = str(data.get("precision", "bf16")).lower()
         try:
-            figures = sim_calibration(gpu).settings()
+            figures = sim_calibration(gpu, model, precision).settings()
         except CapacityInputError as e:
-            raise ValueError(str(e)) from None
+            raise ValueError(e.reason) from None
         vlm = vlm_profile(str(data.get("vlm", DEFAULT_VLM)))
         frames = {"image_patch_px": vlm.patch_px, "image_min_pixels": vlm.default_min_pixels}
-        return {**figures, **frames, **data, "gpu": gpu}
+        return {**figures, **frames, **data, "gpu": gpu, "model": model, "precision": precision}
 
     @model_validator(mode="after")
     def _budget_fits_the_batch(self) -> SimSettings:
@@ -222,20 +248,29 @@ class SimSettings(SectionSettings):
 
     def overridden(self) -> list[str]:
         """The hardware figures that differ from the `gpu` preset's."""
-        preset = sim_calibration(self.gpu).settings()
+        preset = self.preset().settings()
         return [k for k in CALIBRATED if getattr(self, k) != preset[k]]
+
+    def preset(self) -> SimCalibration:
+        """The calibration of this engine's GPU, model and precision."""
+        return sim_calibration(self.gpu, self.model, self.precision)
 
     @property
     def calibration(self) -> str:
-        """The label of every figure this engine produces: the preset, `+custom` when a
+        """The label of every figure this engine produces: the preset, `+fp8` in that
+        precision, `@qwen2.5-vl-7b` for a model other than the default, `+custom` when a
         hardware figure was overridden (`overridden` says which)."""
-        return f"{self.gpu}+custom" if self.overridden() else self.gpu
+        label = self.gpu if self.precision == "bf16" else f"{self.gpu}+fp8"
+        if self.model != DEFAULT_SIM_MODEL:
+            label += f"@{self.model}"
+        return f"{label}+custom" if self.overridden() else label
 
     def calibration_info(self) -> dict[str, object]:
         """The calibration in full (for `/sim/calibration` and logs)."""
-        cal = sim_calibration(self.gpu)
+        cal = self.preset()
         return {
             "calibration": self.calibration, "gpu": self.gpu, "gpu_name": cal.gpu,
+            "model": self.model, "precision": self.precision,
             "figures": {k: getattr(self, k) for k in CALIBRATED},
             "preset_figures": cal.settings(), "overridden": self.overridden(),
             "max_num_batched_tokens": self.max_num_batched_tokens,
@@ -296,6 +331,10 @@ class _Seq:
     emitted: int = 0
     first_token_at: float | None = None
     gpu: float = 0.0  # its share of the steps it ran in (`SimTimings.gpu`)
+    # Its frames as (first token, end, patches), and the vision encoder's time for those
+    # not cached, charged to the step that carries its first prefill chunk.
+    frames: list[tuple[int, int, int]] = field(default_factory=list)
+    encoder: float = 0.0
 
 
 class DecodeFigures(Protocol):
@@ -330,6 +369,8 @@ class SimEngine:
             max_context=s.max_model_len,
         )
         self._calibration = s.calibration  # settings are fixed for an engine's life
+        vision = model_preset(s.model).vision
+        self._merge = vision.spatial_merge**2 if vision is not None else 4  # patches per token
         self._cache = BlockCache(max(1, s.kv_capacity_tokens // s.block_size))
         self._seqs: dict[str, _Seq] = {}  # in flight, by request id
         self._waiting: deque[_Seq] = deque()
@@ -418,8 +459,15 @@ class SimEngine:
         return decode_step_seconds(self.settings, batch)
 
     def step_time(self, batch: int, prefill_tokens: int) -> float:
-        """Modelled duration of one step of `batch` sequences carrying `prefill_tokens`."""
+        """Modelled duration of one step of `batch` sequences carrying `prefill_tokens`
+        (their per-token cost only: `_chunk_cost` adds attention and the encoder)."""
         return self.tpot(batch) + prefill_tokens * self.settings.prefill_cost_per_token
+
+    def _chunk_cost(self, seq: _Seq, tokens: int) -> float:
+        """GPU time of a prefill chunk of `seq`: the LLM's over its positions, plus the
+        encoder for its uncached frames when it is the sequence's first chunk."""
+        start = seq.prompt_len - seq.remaining
+        return prefill_chunk_seconds(self.settings, start, tokens) + seq.encoder
 
     def timings(self, request_id: str) -> SimTimings | None:
         """Modelled timings of a finished request (the last `timings_history` are kept)."""
@@ -476,6 +524,7 @@ class SimEngine:
             output=output,
             total_blocks=total_blocks,
             arrival=self._arrival_time(),
+            frames=self._frames(tokens),
         )
         if not self._running and self._step is None:
             self._now = max(self._now, seq.arrival)  # an idle engine starts now
@@ -484,6 +533,17 @@ class SimEngine:
         self._admit(seq.arrival)
         self._wake.set()
         return seq
+
+    def _frames(self, tokens: Sequence[str]) -> list[tuple[int, int, int]]:
+        """The frames in a rendered prompt: (first visual token, end, patches)."""
+        frames, start = [], -1
+        for i, tok in enumerate(tokens):
+            if tok == "<|vision_start|>":
+                start = i + 1
+            elif tok == "<|vision_end|>" and start >= 0:
+                frames.append((start, i, (i - start) * self._merge))
+                start = -1
+        return frames
 
     def _rng_for(self, request: EngineRequest, tokens: Sequence[str]) -> random.Random:
         # Greedy decoding depends on the prompt only; sampling also on its seed
@@ -523,6 +583,10 @@ class SimEngine:
             step_end = self._step[1] if self._step is not None else now
             seq.aligned = max(now, step_end)
             seq.remaining = max(1, seq.prompt_len - seq.cached)
+            # vLLM runs the encoder for an image any of whose tokens must be computed.
+            seq.encoder = sum(
+                encoder_seconds(s, patches) for _, end, patches in seq.frames if end > seq.cached
+            )
             self._running.append(seq)
 
     # -- the scheduler --------------------------------------------------------
@@ -566,7 +630,8 @@ class SimEngine:
 
     async def _run_step(self, decoding: list[_Seq], chunks: list[tuple[_Seq, int]]) -> None:
         start = self._now
-        end = start + self.step_time(len(decoding) + len(chunks), sum(n for _, n in chunks))
+        costs = [self._chunk_cost(seq, n) for seq, n in chunks]
+        end = start + self.tpot(len(decoding) + len(chunks)) + sum(costs)
         self._step = (start, end)
         try:
             await self._sleep_until(end)
@@ -578,8 +643,9 @@ class SimEngine:
         shared = self.tpot(len(decoding) + len(chunks)) / (len(decoding) + len(chunks))
         for seq in decoding:
             seq.gpu += shared
-        for seq, n in chunks:
-            seq.gpu += shared + n * self.settings.prefill_cost_per_token
+        for (seq, _), cost in zip(chunks, costs, strict=True):
+            seq.gpu += shared + cost
+            seq.encoder = 0.0  # charged once
         for seq in decoding:
             if seq.state == "decode":  # not aborted during the step
                 self._emit(seq)

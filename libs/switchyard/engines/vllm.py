@@ -76,6 +76,12 @@ class VllmSettings(SectionSettings):
     enable_prefix_caching: bool = True
     # fp8 halves the KV per token: the KV cache is the capacity wall.
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "fp8"
+    # Weights and matmuls: bf16 (the checkpoint's dtype), or fp8 = W8A8 (vLLM's
+    # `quantization="fp8"`: FP8 weights, dynamic per-token FP8 activations), which halves
+    # the weight bytes decode reads and runs prefill at the card's FP8 rate (the sim's
+    # `precision`, `capacity.calibration`). An FP8 checkpoint (a name ending in -FP8, e.g.
+    # Qwen/Qwen3-VL-8B-Instruct-FP8) carries its own quantization config, so none is passed.
+    precision: Literal["bf16", "fp8"] = "bf16"
     max_num_seqs: int = Field(default=64, ge=1, le=4096)
     max_num_batched_tokens: int | None = Field(default=8192, ge=1)
     gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
@@ -202,6 +208,8 @@ def engine_args_kwargs(s: VllmSettings) -> dict[str, Any]:
     }
     if s.block_size is not None:
         kw["block_size"] = s.block_size
+    if s.precision == "fp8" and not s.model.upper().endswith("-FP8"):
+        kw["quantization"] = "fp8"
     if s.enable_lora:
         kw["max_loras"] = s.max_loras
         kw["max_lora_rank"] = s.max_lora_rank
