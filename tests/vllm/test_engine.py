@@ -8,6 +8,7 @@ import dataclasses
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,6 @@ from prometheus_client import REGISTRY
 from switchyard.agentactions import answer_token_budget, parse_answer_text
 from switchyard.engines.base import Delta, EngineError, EngineRequest
 from switchyard.engines.vllm import VllmEngine, map_request
-from tests.support.poll import until
-from tests.vllm.conftest import engine_settings
 from switchyard.messages.inference import (
     ActionsConstraint,
     ChatMessage,
@@ -29,6 +28,8 @@ from switchyard.messages.inference import (
     RegexConstraint,
     Sampling,
 )
+from tests.support.poll import until
+from tests.vllm.conftest import engine_settings
 
 # Long enough to fill several 32-token KV blocks, so a repeat hits the prefix cache.
 LONG_SYSTEM = (
@@ -212,6 +213,9 @@ async def test_priority_scheduling_runs_the_earliest_due_first(vllm_model: Path)
         ]
         finished: list[str] = []
 
+        def waiting(n: int) -> Callable[[], bool]:
+            return lambda: eng.stats().waiting >= n
+
         async def one(req: EngineRequest) -> None:
             await run(eng, req)
             finished.append(req.request_id)
@@ -219,8 +223,7 @@ async def test_priority_scheduling_runs_the_earliest_due_first(vllm_model: Path)
         tasks = []
         for req in queued:  # sent in this order, each once the one before reached vLLM
             tasks.append(asyncio.create_task(one(req)))
-            n = len(tasks)
-            await until(lambda: eng.stats().waiting >= n, timeout=30, what=f"{n} waiting")
+            await until(waiting(len(tasks)), timeout=30, what=f"{len(tasks)} waiting")
         assert [d async for d in busy][-1].finish_reason is not None
         await asyncio.wait_for(asyncio.gather(*tasks), 60)
     finally:

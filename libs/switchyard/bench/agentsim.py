@@ -91,7 +91,7 @@ from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
 from switchyard.capacity.calibration import SIM_GPUS, SimGpu, sim_calibration
 from switchyard.config import Settings
-from switchyard.engines.base import EngineRequest
+from switchyard.engines.base import SCHEDULING_POLICIES, EngineRequest, SchedulingPolicy
 from switchyard.engines.sim import SimSettings, decode_step_seconds
 from switchyard.engines.sim_tokens import render_prompt
 from switchyard.errors import StreamTimeout
@@ -151,6 +151,10 @@ class AgentSimConfig:
     window: int = DEFAULT_WINDOW
     action_format: ActionFormat = DEFAULT_ACTION_FORMAT
     gpu: SimGpu | None = None  # the sim workers' calibration preset; None = the sim's default
+    # The sim workers' per-step token budget (SY_SIM_MAX_NUM_BATCHED_TOKENS) and scheduling
+    # policy (SY_SIM_SCHEDULING_POLICY); None = the sim's defaults.
+    max_num_batched_tokens: int | None = None
+    scheduling_policy: SchedulingPolicy | None = None
     chunk: int = 1  # actions per answer (StepOptions.chunk)
     act_ms: float = 0.0  # modelled ms one action takes on the phone
     asynchronous: bool = False  # send the next step while the chunk executes
@@ -172,6 +176,16 @@ class AgentSimConfig:
             raise AgentSimConfigError(f"gpu is one of {', '.join(SIM_GPUS)}, got {self.gpu!r}")
         if self.gpu is not None and self.engine != "sim":
             raise AgentSimConfigError("gpu picks a sim calibration: it needs engine sim")
+        sim_only = (self.max_num_batched_tokens, self.scheduling_policy)
+        if self.engine != "sim" and any(v is not None for v in sim_only):
+            raise AgentSimConfigError("the token budget and scheduling policy need engine sim")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise AgentSimConfigError("max_num_batched_tokens is >= 1")
+        if self.scheduling_policy not in (None, *SCHEDULING_POLICIES):
+            raise AgentSimConfigError(
+                f"scheduling_policy is one of {', '.join(SCHEDULING_POLICIES)}, "
+                f"got {self.scheduling_policy!r}"
+            )
         if not 0 <= self.ramp_steps < self.steps:
             raise AgentSimConfigError(f"ramp_steps is 0..steps-1, got {self.ramp_steps}")
         if self.vlm not in VLM_NAMES:
@@ -765,6 +779,10 @@ def agent_fleet(cfg: AgentSimConfig) -> Iterator[str]:
         sim = env_of(sim_delay_scale=cfg.delay_scale, sim_vlm=cfg.vlm)
         if cfg.gpu is not None:
             sim |= env_of(sim_gpu=cfg.gpu)
+        if cfg.max_num_batched_tokens is not None:
+            sim |= env_of(sim_max_num_batched_tokens=cfg.max_num_batched_tokens)
+        if cfg.scheduling_policy is not None:
+            sim |= env_of(sim_scheduling_policy=cfg.scheduling_policy)
     preprocessor = env_of(
         frame_procs=1, max_pixels=cfg.max_pixels, frame_cache=cfg.frame_cache,
         agent_layout=cfg.layout, agent_window=cfg.window, agent_vlm=cfg.vlm,

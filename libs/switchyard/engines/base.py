@@ -31,6 +31,7 @@ EngineKind = Literal["vllm", "llamacpp", "sim"]
 # and within the int64 vLLM's engine core serialises priorities as (msgpack).
 NO_DUE = 2**62
 SchedulingPolicy = Literal["fcfs", "priority"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 
 
 class EngineError(SwitchyardError):

@@ -609,7 +609,10 @@ class VllmEngine:
     async def _pump(self, rid: str, inputs: VllmInputs, queue: asyncio.Queue[Any]) -> None:
         try:
             async for out in self._llm.generate(
-                inputs.prompt, inputs.sampling_params, rid, lora_request=inputs.lora_request,
+                inputs.prompt,
+                inputs.sampling_params,
+                rid,
+                lora_request=inputs.lora_request,
                 priority=inputs.priority,
             ):
                 queue.put_nowait(out)
