@@ -153,7 +153,14 @@ log = get_logger("switchyard.engines.sim")
 # more (A100 80GB, H100); on smaller cards (RTX 5090) vLLM would default to 2048,
 # which our settings override. With the cost serialised per token, the budget
 # moves how prefill spreads over steps (the ITL spikes' height, a long prompt's
-# step count), not the prefill work in total.
+# step count), not the prefill work in total. A small budget is Sarathi-Serve's
+# stall-free batching (Agrawal et al., OSDI 2024, arXiv 2403.02310): no decoding
+# step carries more than that much of another's prefill. It is set per pool, on
+# that pool's workers (SY_SIM_MAX_NUM_BATCHED_TOKENS, SY_VLLM_MAX_NUM_BATCHED_TOKENS),
+# and `sy agent-sim --search --budgets` measures it. The step cost here is additive
+# (decode step + every prefill token), so each extra step a chunked prefill takes
+# costs a whole decode step; a roofline, max(compute, weight reads), would charge
+# less, so the sim if anything penalises small budgets.
 # ---------------------------------------------------------------------------
 
 _A100 = sim_calibration("a100")

@@ -78,6 +78,9 @@ class VllmSettings(SectionSettings):
     # fp8 halves the KV per token: the KV cache is the capacity wall.
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "fp8"
     max_num_seqs: int = Field(default=64, ge=1, le=4096)
+    # Tokens per engine step (decodes + prefill chunks), per pool on its workers: a small
+    # one bounds how long another's prefill stalls every decoding step (Sarathi-Serve,
+    # arXiv 2403.02310); `sy agent-sim --search --budgets` measures it (README).
     max_num_batched_tokens: int | None = Field(default=8192, ge=1)
     # vLLM's scheduler policy: `priority` runs earliest-due requests first (each request's
     # `EngineRequest.priority`: its deadline or its frame's staleness, whichever is first),
