@@ -253,3 +253,13 @@ def test_the_best_budget_serves_the_most_phones_then_the_lowest_tail() -> None:
     assert best_budget([(512, 40, 450.0), (8192, 40, 450.0)]) == 8192
     assert best_budget([(256, None, None), (512, 10, 400.0)]) == 512
     assert best_budget([(256, None, None)]) is None
+
+
+def test_the_started_workers_get_the_agent_pools_budget_for_their_gpu() -> None:
+    assert AgentSimConfig(engine="sim", gpu="rtx5090").token_budget == 512
+    assert AgentSimConfig(engine="sim", gpu="h100").token_budget is None  # the sim's 8,192
+    assert (
+        AgentSimConfig(engine="sim", gpu="rtx5090", max_num_batched_tokens=8192).token_budget
+        == 8192
+    )
+    assert AgentSimConfig().token_budget is None  # llamacpp: no such knob

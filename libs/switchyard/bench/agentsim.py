@@ -110,6 +110,15 @@ from switchyard.messages.agent import (
 from switchyard.messages.inference import Image, Timings
 from switchyard.vlmgeometry import DEFAULT_VLM, VLM_NAMES, VlmName, vlm_profile
 
+# The agent pool's per-step token budget (max_num_batched_tokens) per GPU calibration,
+# where the best measured is not the engine's default (8,192): `sy agent-sim --engine sim
+# --search --steps 6 --chunk 1 --act-ms 1200 --gpu G --budgets ...` (README, "Agent
+# steps", 2026-12-07, Qwen3-VL frames, BF16). rtx5090: 256 -> under 6 phones, 512 -> 13,
+# 1,024 -> 8, 8,192 -> 8: a 720p frame's prefill (~144 ms of the card at 880 tokens)
+# otherwise lands whole in some other step's decode. h100 (prefill ~3.5x faster): 8,192
+# (p99 at 100 phones 335 ms, 512: 362 ms), so the default. compose/docker-compose.yml (the
+# 8 x RTX 5090 server) sets the same on its agent workers.
+AGENT_TOKEN_BUDGET: dict[str, int] = {"rtx5090": 512}
 READY_TIMEOUT = 180.0  # s: llama.cpp workers load their model on a shared machine
 HISTORY_SENT = 200  # history entries a step carries (the tail: agentprompt numbers them)
 NO_ACTION = "(none)"  # the history entry of a step whose answer the phone did not execute
@@ -152,7 +161,8 @@ class AgentSimConfig:
     action_format: ActionFormat = DEFAULT_ACTION_FORMAT
     gpu: SimGpu | None = None  # the sim workers' calibration preset; None = the sim's default
     # The sim workers' per-step token budget (SY_SIM_MAX_NUM_BATCHED_TOKENS) and scheduling
-    # policy (SY_SIM_SCHEDULING_POLICY); None = the sim's defaults.
+    # policy (SY_SIM_SCHEDULING_POLICY); None = the agent pool's (`token_budget`) and the
+    # sim's default policy.
     max_num_batched_tokens: int | None = None
     scheduling_policy: SchedulingPolicy | None = None
     chunk: int = 1  # actions per answer (StepOptions.chunk)
@@ -190,6 +200,14 @@ class AgentSimConfig:
             raise AgentSimConfigError(f"ramp_steps is 0..steps-1, got {self.ramp_steps}")
         if self.vlm not in VLM_NAMES:
             raise AgentSimConfigError(f"vlm is one of {', '.join(VLM_NAMES)}, got {self.vlm!r}")
+
+    @property
+    def token_budget(self) -> int | None:
+        """The sim workers' budget: the one asked for, else the agent pool's for the GPU
+        (`AGENT_TOKEN_BUDGET`), else None (the engine's default)."""
+        if self.max_num_batched_tokens is not None or self.engine != "sim":
+            return self.max_num_batched_tokens
+        return AGENT_TOKEN_BUDGET.get(self.gpu or SimSettings().gpu)
 
     @property
     def scale(self) -> float:
@@ -779,8 +797,8 @@ def agent_fleet(cfg: AgentSimConfig) -> Iterator[str]:
         sim = env_of(sim_delay_scale=cfg.delay_scale, sim_vlm=cfg.vlm)
         if cfg.gpu is not None:
             sim |= env_of(sim_gpu=cfg.gpu)
-        if cfg.max_num_batched_tokens is not None:
-            sim |= env_of(sim_max_num_batched_tokens=cfg.max_num_batched_tokens)
+        if cfg.token_budget is not None:
+            sim |= env_of(sim_max_num_batched_tokens=cfg.token_budget)
         if cfg.scheduling_policy is not None:
             sim |= env_of(sim_scheduling_policy=cfg.scheduling_policy)
     preprocessor = env_of(

@@ -72,7 +72,8 @@ def agent_sim(
         None,
         min=64,
         help="sim: tokens per engine step, max_num_batched_tokens of the started "
-        "workers (SY_SIM_MAX_NUM_BATCHED_TOKENS); default the sim's",
+        "workers (SY_SIM_MAX_NUM_BATCHED_TOKENS); default the agent pool's for --gpu "
+        "(512 on rtx5090), else the sim's (8192)",
     ),
     scheduling: str | None = typer.Option(
         None,
@@ -228,7 +229,7 @@ def _print_search(report: CapacityReport) -> None:
         title=f"agent capacity: {c.workers} {c.engine} workers ({report.calibration or '?'}), "
         f"{c.width}x{c.height} frames ({c.vlm}), layout {c.layout}, {c.action_format} answers, "
         f"{mode} chunk {c.chunk} x {c.act_ms:g} ms, {c.steps} steps/phone, delay scale "
-        f"{c.delay_scale}, token budget {c.max_num_batched_tokens or 'default'}, "
+        f"{c.delay_scale}, token budget {c.token_budget or 'default'}, "
         f"{c.scheduling_policy or 'default'} scheduling"
     )
     cols = ("phones", "steps", "ok", "stale", "sup", "err", "model p50", "model p99",
