@@ -113,11 +113,14 @@ from switchyard.vlmgeometry import DEFAULT_VLM, VLM_NAMES, VlmName, vlm_profile
 # The agent pool's per-step token budget (max_num_batched_tokens) per GPU calibration,
 # where the best measured is not the engine's default (8,192): `sy agent-sim --engine sim
 # --search --steps 6 --chunk 1 --act-ms 1200 --gpu G --budgets ...` (README, "Agent
-# steps", 2026-12-07, Qwen3-VL frames, BF16). rtx5090: 256 -> under 6 phones, 512 -> 13,
-# 1,024 -> 8, 8,192 -> 8: a 720p frame's prefill (~144 ms of the card at 880 tokens)
-# otherwise lands whole in some other step's decode. h100 (prefill ~3.5x faster): 8,192
-# (p99 at 100 phones 335 ms, 512: 362 ms), so the default. compose/docker-compose.yml (the
-# 8 x RTX 5090 server) sets the same on its agent workers.
+# steps", 2026-12-07, Qwen3-VL frames, BF16). rtx5090: 256 -> under 6 phones, 512 -> 10
+# (13 in one run of three), 1,024 -> 8, 8,192 -> 8 (10 failed in four runs): a 720p
+# frame's prefill (~144 ms of the card at 880 tokens) otherwise lands whole in some
+# other step's decode. h100
+# (prefill ~3.5x faster): no budget measured better than the default 8,192 (p99 at 100
+# phones: 8,192 335 ms, 512 362 ms, one run each, within this machine's run-to-run spread;
+# above 100 the harness could not keep up). compose/docker-compose.yml (the 8 x RTX 5090
+# server) sets the rtx5090 figure on its agent workers.
 AGENT_TOKEN_BUDGET: dict[str, int] = {"rtx5090": 512}
 READY_TIMEOUT = 180.0  # s: llama.cpp workers load their model on a shared machine
 HISTORY_SENT = 200  # history entries a step carries (the tail: agentprompt numbers them)

@@ -26,6 +26,8 @@ engine runs in steps, as vLLM's scheduler does with chunked prefill (on by defau
 - A request is admitted when a slot and its KV blocks are free, waits for the step
   under way to end (alignment), then its chunks ride the next steps; the step that
   carries its last chunk emits its first token, each later step one more.
+  So TTFT = queue + alignment + the steps until its prefill is done; the timings
+  (`SimTimings`) keep queue, prefill (step boundary -> first token) and the rest.
 - `scheduling_policy` orders who goes first, as vLLM v1's scheduler does
   (vllm/v1/core/sched/scheduler.py, request_queue.py; vLLM 0.32): `fcfs` by arrival;
   `priority` by `EngineRequest.priority` (earliest due time first), then arrival,
@@ -35,8 +37,6 @@ engine runs in steps, as vLLM's scheduler does with chunked prefill (on by defau
   schedule order, never re-sorted). vLLM's other priority behaviour, preempting the
   lowest-priority running request when KV blocks run out, is not modelled: the sim
   reserves a request's blocks at admission, so a running request never runs out.
-  So TTFT = queue + alignment + the steps until its prefill is done; the timings
-  (`SimTimings`) keep queue, prefill (step boundary -> first token) and the rest.
 - Timings are exact and deterministic at delay_scale 0 (arrivals then land on step
   boundaries); above 0 an arrival lands where the wall clock puts it in the step
   under way, so alignment averages half a step.
