@@ -84,3 +84,28 @@ def test_capacity_search_reports_modelled_latency_and_its_limit() -> None:
     (load,) = out["loads"]
     assert load["ok"] == load["steps"] == 6
     assert out["actions_per_phone_s"] > 0 and 0 < out["wait_share"] < 1
+
+
+def test_the_search_per_token_budget_reaches_the_workers_and_names_the_best() -> None:
+    """`--budgets`: one search per budget on workers started with it. A 64-token budget
+    spreads a step's prefill over several engine steps (each with its decode-step cost),
+    where 8,192 carries it in one, so the same load's modelled prefill is longer."""
+    cli = subprocess.run(
+        [str(SY), "agent-sim",
+         "--engine", "sim", "--workers", "1", "--search", "--loads", "2", "--steps", "3",
+         "--resolution", "320x180", "--delay-scale", "1", "--stale-after", "30",
+         "--budgets", "8192,64", "--scheduling", "fcfs",
+         "--target-ms", "5000", "--min-loop-efficiency", "0", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    out = json.loads(cli.stdout)
+    assert out["budgets"] == [64, 8192]
+    assert out["capacity_phones"] == {"64": 2, "8192": 2}  # JSON keys are text
+    small, large = out["searches"]
+    assert small["config"]["max_num_batched_tokens"] == 64
+    assert large["config"]["scheduling_policy"] == "fcfs"
+    prefill = [s["at_capacity"]["modelled"]["p50_parts_ms"]["prefill"] for s in (small, large)]
+    assert prefill[0] > prefill[1] > 0
+    # Both served every phone: the lower tail wins, and here that is the larger budget.
+    assert out["best_budget"] == 8192

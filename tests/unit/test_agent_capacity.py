@@ -8,7 +8,14 @@ from dataclasses import replace
 
 import pytest
 
-from switchyard.bench.agentsearch import LoadResult, explain_limit, judge, limit_of, next_load
+from switchyard.bench.agentsearch import (
+    LoadResult,
+    best_budget,
+    explain_limit,
+    judge,
+    limit_of,
+    next_load,
+)
 from switchyard.bench.agentsim import (
     AgentSimConfig,
     AgentSimConfigError,
@@ -199,7 +206,10 @@ def test_history_entries_are_one_line_in_the_steps_format() -> None:
      {"gpu": "a100"}, {"engine": "sim", "gpu": "tpu"}, {"steps": 2, "ramp_steps": 2},
      # fp8 needs the sim and a card with FP8: the default card (a100) has none.
      {"precision": "fp8"}, {"engine": "sim", "precision": "fp8"},
-     {"engine": "sim", "gpu": "rtx5090", "precision": "int4"}],
+     {"engine": "sim", "gpu": "rtx5090", "precision": "int4"},
+     {"max_num_batched_tokens": 512}, {"scheduling_policy": "priority"},
+     {"engine": "sim", "max_num_batched_tokens": 0},
+     {"engine": "sim", "scheduling_policy": "edf"}],
 )  # fmt: skip
 def test_a_config_that_cannot_describe_a_run_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(AgentSimConfigError):
@@ -238,3 +248,22 @@ def test_the_limit_tells_own_decode_from_decode_slowed_by_others_prefill() -> No
     assert m is not None and m.tail_decode_alone_ms is None
     assert "alone" not in explain_limit(None, LoadResult(16, 10, 10, 0, {}, 0, 0.0, 0.0, m,
                                                          False, ""))  # fmt: skip
+
+
+def test_the_best_budget_serves_the_most_phones_then_the_lowest_tail() -> None:
+    assert best_budget([(512, 40, 480.0), (8192, 35, 300.0)]) == 512
+    assert best_budget([(512, 40, 480.0), (2048, 40, 450.0), (8192, 40, 470.0)]) == 2048
+    # The same phones and tail: the larger budget, fewer engine steps per prefill.
+    assert best_budget([(512, 40, 450.0), (8192, 40, 450.0)]) == 8192
+    assert best_budget([(256, None, None), (512, 10, 400.0)]) == 512
+    assert best_budget([(256, None, None)]) is None
+
+
+def test_the_started_workers_get_the_agent_pools_budget_for_their_gpu() -> None:
+    assert AgentSimConfig(engine="sim", gpu="rtx5090").token_budget == 512
+    assert AgentSimConfig(engine="sim", gpu="h100").token_budget is None  # the sim's 8,192
+    assert (
+        AgentSimConfig(engine="sim", gpu="rtx5090", max_num_batched_tokens=8192).token_budget
+        == 8192
+    )
+    assert AgentSimConfig().token_budget is None  # llamacpp: no such knob

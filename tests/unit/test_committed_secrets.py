@@ -32,9 +32,10 @@ PEM_PRIVATE = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
 NKEY_SEED = re.compile(r"\bS[UAONC][A-Z2-7]{56}\b")
 SECRET_NAME = re.compile(r"(PASSWORD|SECRET|TOKEN|SIGNING_KEY|PRIVATE_KEY|SEED)", re.I)
 REFERENCE = re.compile(r"^(\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|/\S+)$")
-# Names that look secret but hold none: addresses, account names, file paths, and the edge's
-# keys file (SHA-256 hashes of API keys, never keys).
-NOT_SECRET = re.compile(r"(HOST|PORT|USER|_DB|_FILE|NAME|keys\.yaml)$", re.I)
+# Names that look secret but hold none: addresses, account names, file paths, the edge's
+# keys file (SHA-256 hashes of API keys, never keys), and limits counted in model tokens
+# (SY_VLLM_MAX_NUM_BATCHED_TOKENS).
+NOT_SECRET = re.compile(r"(HOST|PORT|USER|_DB|_FILE|NAME|keys\.yaml|MAX_\w*TOKENS)$", re.I)
 
 
 def tracked() -> list[Path]:

@@ -41,6 +41,7 @@ from services.router.settings import RouterSettings
 from services.sqlflow.settings import SqlflowSettings
 from services.validator.settings import ValidatorSettings
 from services.worker.settings import WorkerSettings
+from switchyard.bench.agentsim import AGENT_TOKEN_BUDGET
 from switchyard.bus.topology import TopologySettings, build_topology
 from switchyard.cli.app import app
 from switchyard.cli.up import runnable
@@ -483,6 +484,18 @@ def test_gpu_workers_own_one_distinct_gpu_each() -> None:
         assert svc["environment"]["SY_WORKER_ID"] == name.removeprefix("worker-")
         assert svc["build"]["dockerfile"] == "compose/Dockerfile.worker"
     assert sorted(seen) == [str(i) for i in range(8)]
+
+
+def test_the_agent_gpu_workers_take_the_agent_pools_token_budget() -> None:
+    """The 8 x RTX 5090 server's agent engines run the budget `sy agent-sim` measured best
+    for that card; the other pools keep vLLM's 8,192 (VllmSettings)."""
+    workers = {n: s for n, s in compose()["services"].items() if n.startswith("worker-gpu")}
+    budgets = {s["environment"]["SY_POOL"]: s["environment"].get("SY_VLLM_MAX_NUM_BATCHED_TOKENS")
+               for s in workers.values()}  # fmt: skip
+    assert budgets == {"agent": str(AGENT_TOKEN_BUDGET["rtx5090"]), "sql": None, "llm": None}
+    agent = [s for s in workers.values() if s["environment"]["SY_POOL"] == "agent"]
+    assert len(agent) == 5
+    assert {s["environment"]["SY_VLLM_MAX_NUM_BATCHED_TOKENS"] for s in agent} == {"512"}
 
 
 def test_cpu_profile_runs_llamacpp_workers_for_every_pool() -> None:

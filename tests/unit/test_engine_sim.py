@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -408,6 +409,67 @@ async def test_prefill_is_chunked_under_the_step_budget() -> None:
         t = engine.timings("long")
         # ceil(2000 / 512) = 4 steps of one sequence: the cost of every token, once.
         assert t is not None and t.ttft == pytest.approx(4 * engine.tpot(1) + 2000 * cost)
+
+
+def due_in(req: EngineRequest, seconds: float) -> EngineRequest:
+    return dataclasses.replace(req, due=time.time() + seconds)
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+async def test_an_earlier_due_step_overtakes_queued_later_ones(policy: str) -> None:
+    """One slot, busy: three steps queue behind it, the one due soonest arriving last.
+    Under `priority` it runs first (earliest due time first, arrival order among the
+    two due later, and a request without a due time after them); under `fcfs`, last."""
+    async with sim(max_num_seqs=1, scheduling_policy=policy) as engine:
+        busy = engine.generate(text_request("busy", "busy", max_tokens=50))
+        await busy.__anext__()
+        queued = [
+            text_request("none", "no due time"),
+            due_in(text_request("late1", "due later"), 10),
+            due_in(text_request("late2", "due later too"), 10),
+            due_in(text_request("soon", "due soon"), 1),
+        ]
+        await asyncio.gather(*(run(engine, r) for r in queued), run_rest(busy))
+        t = {r.request_id: engine.timings(r.request_id) for r in queued}
+    # The same arrival (a step boundary, delay scale 0): the time queued is the order.
+    queued_s = {rid: (x.queue if x is not None else math.inf) for rid, x in t.items()}
+    ranked = sorted(queued_s, key=lambda rid: queued_s[rid])
+    if policy == "priority":
+        assert ranked == ["soon", "late1", "late2", "none"]
+    else:
+        assert ranked == ["none", "late1", "late2", "soon"]
+
+
+async def run_rest(stream: AsyncIterator[Delta]) -> None:
+    async for _ in stream:
+        pass
+
+
+async def test_priority_orders_prefills_not_yet_begun_and_a_begun_one_keeps_its_place() -> None:
+    """Two steps arrive while a long prompt without a due time is mid-prefill: under
+    `priority` the one due sooner gets its chunks first, under `fcfs` the one that came
+    first; the begun prompt keeps its place under both (vLLM never re-sorts its running
+    requests), so its first token comes at the same modelled time."""
+    firsts: dict[str, dict[str, float]] = {}
+    for policy in ("priority", "fcfs"):
+        async with sim(max_num_batched_tokens=1000, scheduling_policy=policy) as engine:
+            long = asyncio.ensure_future(
+                run(engine, text_request("long", exact_prompt("long", 1500), max_tokens=4))
+            )
+            while engine.clock == 0:  # its first chunk (1,000 of 1,500 tokens) ran
+                await asyncio.sleep(0)
+            arrived = engine.clock
+            later = due_in(text_request("later", exact_prompt("later", 900), max_tokens=4), 10)
+            sooner = due_in(text_request("sooner", exact_prompt("sooner", 900), max_tokens=4), 1)
+            await asyncio.gather(long, run(engine, later), run(engine, sooner))
+            t = {rid: engine.timings(rid) for rid in ("long", "later", "sooner")}
+        firsts[policy] = {rid: x.ttft for rid, x in t.items() if x is not None and x.ttft}
+        firsts[policy]["long"] -= arrived  # the others' ttft count from their arrival
+    p, f = firsts["priority"], firsts["fcfs"]
+    assert p["sooner"] < p["later"]
+    assert f["later"] < f["sooner"]
+    assert p["long"] == pytest.approx(f["long"])
+    assert p["long"] < p["sooner"]
 
 
 async def test_frames_arriving_together_prefill_one_after_another() -> None:

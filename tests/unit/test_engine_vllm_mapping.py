@@ -77,6 +77,7 @@ import io
 import random
 import re
 import sys
+import time
 import types
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -89,7 +90,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 import switchyard.engines.vllm as vllm_module
 from switchyard.agentactions import answer_regex
 from switchyard.agentprompt import DEFAULT_WINDOW
-from switchyard.engines.base import Delta, Engine, EngineDead, EngineError, EngineRequest
+from switchyard.engines.base import (
+    NO_DUE,
+    Delta,
+    Engine,
+    EngineDead,
+    EngineError,
+    EngineRequest,
+)
 from switchyard.engines.sim_output import sim_answer
 from switchyard.engines.vllm import (
     VllmEngine,
@@ -388,6 +396,7 @@ class AsyncLLM:
                 "sampling_params": sampling_params,
                 "request_id": request_id,
                 "lora_request": lora_request,
+                "priority": priority,
             }
         )
         if self.error is not None:
@@ -770,6 +779,24 @@ async def test_generate_streams_deltas(fake_vllm: type[AsyncLLM], tmp_path: Path
     assert call["lora_request"].lora_name == "sql-a"
     assert call["prompt"]["cache_salt"] == "t"
     assert call["sampling_params"].structured_outputs.json == SCHEMA
+    assert call["priority"] == NO_DUE  # no deadline, no frame: after every due request
+    await engine.close()
+
+
+async def test_priority_scheduling_orders_by_the_due_time(fake_vllm: type[AsyncLLM]) -> None:
+    """Earliest due time first: the engine runs vLLM's `priority` policy and each request
+    carries its due time in ms as its priority (lower first); under `fcfs`, priority 0."""
+    assert engine_args_kwargs(VllmSettings())["scheduling_policy"] == "priority"
+    now = time.time()
+    soon, late = (agent_request(r, due=now + d) for r, d in (("soon", 0.5), ("late", 2.0)))
+    p_soon, p_late = (mapped(r).priority for r in (soon, late))
+    assert p_soon == int((now + 0.5) * 1000) and p_soon < p_late < NO_DUE
+    assert mapped(soon, VllmSettings(scheduling_policy="fcfs")).priority == 0
+    engine = await started()
+    llm = fake_vllm.instances[-1]
+    llm.script = [out("soon", "a", 1, finish="stop")]
+    assert [d.finish_reason async for d in engine.generate(soon)] == ["stop"]
+    assert llm.calls[-1]["priority"] == p_soon
     await engine.close()
 
 

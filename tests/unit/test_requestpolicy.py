@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from switchyard.engines.base import NO_DUE, EngineRequest
 from switchyard.messages.inference import ChatMessage, GenerateRequest
 from switchyard.requestpolicy import (
     NewestSteps,
@@ -81,6 +82,19 @@ def test_the_clock_offset_moves_the_capture_time_onto_the_fleets_clock() -> None
         "stale", "stale", "frame is 3.000s old when its answer was ready, budget 2.000s"
     )
     assert verdict(ahead.model_copy(update={"clock_offset": 0.0}), NOW, where="x") is None
+
+
+def test_a_request_is_due_at_its_deadline_or_when_its_frame_goes_stale() -> None:
+    """What the engines schedule by (`EngineRequest.due`, earliest first): whichever of
+    the deadline and the frame's staleness (on the fleet's clock) comes first."""
+    step = request(deadline=NOW + 5, frame_ts=NOW - 5.5, stale_after=2.0, clock_offset=5.0)
+    assert step.due() == pytest.approx(NOW + 1.5)  # stale before the deadline
+    assert request(deadline=NOW + 1, frame_ts=NOW, stale_after=2.0).due() == NOW + 1
+    assert request(frame_ts=NOW, stale_after=2.0).due() == NOW + 2
+    assert request(frame_ts=NOW).due() is None and request().due() is None
+    engine = EngineRequest.from_generate(step)
+    assert engine.due == step.due() and engine.priority == int((NOW + 1.5) * 1000)
+    assert EngineRequest.from_generate(request()).priority == NO_DUE
 
 
 def test_a_lower_step_of_a_session_than_its_newest_is_superseded() -> None:

@@ -18,6 +18,15 @@ spent at least `SATURATED` of their modelled time on prefill: every step
 carries a new frame, and prefill is compute-bound), else the largest part of the
 failing tail - `prefill`, `decode` or `queueing`; `ladder` when every load
 passed (the capacity is at least the top rung).
+
+With several per-step token budgets (`sy agent-sim --search --budgets`), the search
+runs once per budget (the sim workers' `max_num_batched_tokens`) and names the best
+(`best_budget`): the most phones, then the lower p99 at capacity, then the larger
+budget (fewer engine steps per prefill). A small budget is Sarathi-Serve's stall-free
+batching (Agrawal et al., OSDI 2024, arXiv 2403.02310): a step carries decodes and at
+most that many prefill tokens, so a frame's prefill no longer stalls every decoding
+step for its whole length, at the price of more steps (each with its fixed cost) per
+prefill.
 """
 
 from __future__ import annotations
@@ -99,6 +108,51 @@ class CapacityReport:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+@dataclass
+class BudgetSearch:
+    """One capacity search per token budget, and the best of them (`best_budget`)."""
+
+    budgets: list[int]  # in the order searched
+    capacity_phones: dict[int, int | None]  # budget -> phones at modelled p99 <= target
+    best_budget: int | None  # None when no budget passed its first load
+    searches: list[CapacityReport]  # in the order of `budgets`
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def best_budget(results: Sequence[tuple[int, int | None, float | None]]) -> int | None:
+    """Of (budget, phones at capacity, p99 ms there), the budget that served the most
+    phones; ties go to the lower p99, then to the larger budget (fewer steps per prefill,
+    so less per-step overhead). None if no budget passed a load."""
+    ranked = [
+        (phones, -(p99 if p99 is not None else math.inf), budget)
+        for budget, phones, p99 in results
+        if phones is not None
+    ]
+    return max(ranked)[2] if ranked else None
+
+
+def run_budget_search(
+    cfg: AgentSimConfig, budgets: Sequence[int], ladder: Sequence[int], target_ms: float = 500.0,
+    resolution: int = 5, min_loop_efficiency: float = DEFAULT_MIN_LOOP_EFFICIENCY,
+) -> BudgetSearch:  # fmt: skip
+    """`run_capacity_search` once per budget (`cfg` with its `max_num_batched_tokens`)."""
+    searches = []
+    for budget in budgets:
+        print(f"agent-sim search: token budget {budget}", file=sys.stderr, flush=True)
+        run = replace(cfg, max_num_batched_tokens=budget)
+        searches.append(
+            (budget, run_capacity_search(run, ladder, target_ms, resolution, min_loop_efficiency))
+        )
+    return BudgetSearch(
+        budgets=list(budgets),
+        capacity_phones={b: r.capacity_phones for b, r in searches},
+        best_budget=best_budget([(b, r.capacity_phones, r.p99_ms) for b, r in searches]),
+        searches=[r for _, r in searches],
+    )
 
 
 def next_load(results: dict[int, bool], ladder: Sequence[int], resolution: int) -> int | None:

@@ -101,7 +101,7 @@ from switchyard.capacity.calibration import (
 )
 from switchyard.capacity.errors import CapacityInputError
 from switchyard.config import Settings
-from switchyard.engines.base import EngineRequest
+from switchyard.engines.base import SCHEDULING_POLICIES, EngineRequest, SchedulingPolicy
 from switchyard.engines.sim import SimSettings, decode_step_seconds
 from switchyard.engines.sim_tokens import render_prompt
 from switchyard.errors import StreamTimeout
@@ -120,6 +120,18 @@ from switchyard.messages.agent import (
 from switchyard.messages.inference import Image, Timings
 from switchyard.vlmgeometry import DEFAULT_VLM, VLM_NAMES, VlmName, vlm_profile
 
+# The agent pool's per-step token budget (max_num_batched_tokens) per GPU calibration,
+# where the best measured is not the engine's default (8,192): `sy agent-sim --engine sim
+# --search --steps 6 --chunk 1 --act-ms 1200 --gpu G --budgets ...` (README, "Agent
+# steps", 2026-12-07, Qwen3-VL frames, BF16). rtx5090: 256 -> under 6 phones, 512 -> 10
+# (13 in one run of three), 1,024 -> 8, 8,192 -> 8 (10 failed in four runs): a 720p
+# frame's prefill (~144 ms of the card at 880 tokens) otherwise lands whole in some
+# other step's decode. h100
+# (prefill ~3.5x faster): no budget measured better than the default 8,192 (p99 at 100
+# phones: 8,192 335 ms, 512 362 ms, one run each, within this machine's run-to-run spread;
+# above 100 the harness could not keep up). compose/docker-compose.yml (the 8 x RTX 5090
+# server) sets the rtx5090 figure on its agent workers.
+AGENT_TOKEN_BUDGET: dict[str, int] = {"rtx5090": 512}
 READY_TIMEOUT = 180.0  # s: llama.cpp workers load their model on a shared machine
 HISTORY_SENT = 200  # history entries a step carries (the tail: agentprompt numbers them)
 NO_ACTION = "(none)"  # the history entry of a step whose answer the phone did not execute
@@ -162,6 +174,11 @@ class AgentSimConfig:
     action_format: ActionFormat = DEFAULT_ACTION_FORMAT
     gpu: SimGpu | None = None  # the sim workers' calibration preset; None = the sim's default
     precision: Precision | None = None  # the sim workers' precision (SY_SIM_PRECISION)
+    # The sim workers' per-step token budget (SY_SIM_MAX_NUM_BATCHED_TOKENS) and scheduling
+    # policy (SY_SIM_SCHEDULING_POLICY); None = the agent pool's (`token_budget`) and the
+    # sim's default policy.
+    max_num_batched_tokens: int | None = None
+    scheduling_policy: SchedulingPolicy | None = None
     chunk: int = 1  # actions per answer (StepOptions.chunk)
     act_ms: float = 0.0  # modelled ms one action takes on the phone
     asynchronous: bool = False  # send the next step while the chunk executes
@@ -190,10 +207,28 @@ class AgentSimConfig:
                 sim_calibration(self.gpu or "a100", precision=self.precision)
             except CapacityInputError as e:
                 raise AgentSimConfigError(e.reason) from None
+        sim_only = (self.max_num_batched_tokens, self.scheduling_policy)
+        if self.engine != "sim" and any(v is not None for v in sim_only):
+            raise AgentSimConfigError("the token budget and scheduling policy need engine sim")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise AgentSimConfigError("max_num_batched_tokens is >= 1")
+        if self.scheduling_policy not in (None, *SCHEDULING_POLICIES):
+            raise AgentSimConfigError(
+                f"scheduling_policy is one of {', '.join(SCHEDULING_POLICIES)}, "
+                f"got {self.scheduling_policy!r}"
+            )
         if not 0 <= self.ramp_steps < self.steps:
             raise AgentSimConfigError(f"ramp_steps is 0..steps-1, got {self.ramp_steps}")
         if self.vlm not in VLM_NAMES:
             raise AgentSimConfigError(f"vlm is one of {', '.join(VLM_NAMES)}, got {self.vlm!r}")
+
+    @property
+    def token_budget(self) -> int | None:
+        """The sim workers' budget: the one asked for, else the agent pool's for the GPU
+        (`AGENT_TOKEN_BUDGET`), else None (the engine's default)."""
+        if self.max_num_batched_tokens is not None or self.engine != "sim":
+            return self.max_num_batched_tokens
+        return AGENT_TOKEN_BUDGET.get(self.gpu or SimSettings().gpu)
 
     @property
     def scale(self) -> float:
@@ -788,6 +823,10 @@ def agent_fleet(cfg: AgentSimConfig) -> Iterator[str]:
             sim |= env_of(sim_gpu=cfg.gpu)
         if cfg.precision is not None:
             sim |= env_of(sim_precision=cfg.precision)
+        if cfg.token_budget is not None:
+            sim |= env_of(sim_max_num_batched_tokens=cfg.token_budget)
+        if cfg.scheduling_policy is not None:
+            sim |= env_of(sim_scheduling_policy=cfg.scheduling_policy)
     preprocessor = env_of(
         frame_procs=1, max_pixels=cfg.max_pixels, frame_cache=cfg.frame_cache,
         agent_layout=cfg.layout, agent_window=cfg.window, agent_vlm=cfg.vlm,

@@ -71,6 +71,18 @@ def agent_sim(
     precision: str | None = typer.Option(
         None, help="sim precision bf16|fp8 (W8A8) of the started workers (SY_SIM_PRECISION)"
     ),
+    budget: int | None = typer.Option(
+        None,
+        min=64,
+        help="sim: tokens per engine step, max_num_batched_tokens of the started "
+        "workers (SY_SIM_MAX_NUM_BATCHED_TOKENS); default the agent pool's for --gpu "
+        "(512 on rtx5090), else the sim's (8192)",
+    ),
+    scheduling: str | None = typer.Option(
+        None,
+        help="sim: scheduling policy fcfs|priority of the started workers "
+        "(SY_SIM_SCHEDULING_POLICY; priority = earliest due step first); default the sim's",
+    ),
     chunk: int = typer.Option(1, min=1, max=5, help="actions per answer"),
     act_ms: float = typer.Option(0.0, min=0.0, help="modelled ms one action takes on the phone"),
     asynchronous: bool = typer.Option(
@@ -111,6 +123,10 @@ def agent_sim(
     loads: str = typer.Option(DEFAULT_LADDER, help="--search: phone counts to climb"),
     target_ms: float = typer.Option(500.0, help="--search: modelled p99 target"),
     search_step: int = typer.Option(5, min=1, help="--search: bisect until this close"),
+    budgets: str | None = typer.Option(
+        None,
+        help="--search: one search per token budget (e.g. 256,512,1024,2048,8192), and the best",
+    ),
     min_loop_efficiency: float = typer.Option(
         0.99, min=0.0, max=1.0, help="--search: a load the harness kept up with less fails"
     ),
@@ -119,7 +135,7 @@ def agent_sim(
     """N phones: step -> action chunk loops; latency, staleness, prefix reuse, capacity."""
     from switchyard.agentactions import ACTION_FORMATS
     from switchyard.agentprompt import LAYOUTS
-    from switchyard.bench.agentsearch import run_capacity_search
+    from switchyard.bench.agentsearch import run_budget_search, run_capacity_search
     from switchyard.bench.agentsim import AgentSimConfig, AgentSimConfigError, run_agent_sim
     from switchyard.capacity.calibration import PRECISIONS, SIM_GPUS
     from switchyard.vlmgeometry import VLM_NAMES
@@ -156,6 +172,8 @@ def agent_sim(
             layout=layout, window=window,
             action_format=action_format, gpu=gpu,
             precision=precision,
+            max_num_batched_tokens=budget,
+            scheduling_policy=scheduling,  # type: ignore[arg-type]  # checked by the config
             chunk=chunk, act_ms=act_ms, asynchronous=asynchronous, lead_ms=lead_ms,
             clock_skew_s=clock_skew,
             ramp_steps=ramp_steps if ramp_steps is not None else
@@ -163,8 +181,28 @@ def agent_sim(
         )  # fmt: skip
     except AgentSimConfigError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    if budgets is not None and not search:
+        raise typer.BadParameter("needs --search", param_hint="--budgets")
     if search:
         ladder = sorted({int(n) for n in loads.split(",") if n.strip()})
+        if budgets is not None:
+            each = sorted({int(n) for n in budgets.split(",") if n.strip()})
+            if not each or min(each) < 64:
+                raise typer.BadParameter("token budgets >= 64 (the sim's max_num_seqs)",
+                                         param_hint="--budgets")  # fmt: skip
+            found = run_budget_search(cfg, each, ladder, target_ms, search_step,
+                                      min_loop_efficiency)  # fmt: skip
+            if as_json:
+                print(json.dumps(_finite(found.as_dict())))
+                return
+            for one in found.searches:
+                _print_search(one)
+            Console().print(
+                "token budgets: " + ", ".join(
+                    f"{b}: {found.capacity_phones[b] or 0} phones" for b in found.budgets
+                ) + f"; best {found.best_budget}"
+            )  # fmt: skip
+            return
         report = run_capacity_search(cfg, ladder, target_ms, search_step, min_loop_efficiency)
         if as_json:
             print(json.dumps(_finite(report.as_dict())))
@@ -197,7 +235,8 @@ def _print_search(report: CapacityReport) -> None:
         title=f"agent capacity: {c.workers} {c.engine} workers ({report.calibration or '?'}), "
         f"{c.width}x{c.height} frames ({c.vlm}), layout {c.layout}, {c.action_format} answers, "
         f"{mode} chunk {c.chunk} x {c.act_ms:g} ms, {c.steps} steps/phone, delay scale "
-        f"{c.delay_scale}"
+        f"{c.delay_scale}, token budget {c.token_budget or 'default'}, "
+        f"{c.scheduling_policy or 'default'} scheduling"
     )
     cols = ("phones", "steps", "ok", "stale", "sup", "err", "model p50", "model p99",
             "p99 tail: queue", "prefill", "decode", "steps/s", "GPU prefill", "wait",

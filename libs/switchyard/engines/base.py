@@ -27,6 +27,11 @@ from switchyard.messages.inference import (
 )
 
 EngineKind = Literal["vllm", "llamacpp", "sim"]
+# The priority of a request without a due time: after any Unix time in ms (~1.8e12 now),
+# and within the int64 vLLM's engine core serialises priorities as (msgpack).
+NO_DUE = 2**62
+SchedulingPolicy = Literal["fcfs", "priority"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 
 
 class EngineError(SwitchyardError):
@@ -55,6 +60,16 @@ class EngineRequest:
     deadline: float | None = None  # absolute Unix seconds
     tenant: str = ""
     session: str | None = None  # lets a pool of engine instances keep a session warm
+    # When its answer stops being of use (`GenerateRequest.due`: the deadline or the frame
+    # going stale), Unix seconds: what an engine scheduling by priority orders by.
+    due: float | None = None
+
+    @property
+    def priority(self) -> int:
+        """Earliest deadline first as vLLM's request priority (lower runs first; equal
+        priorities run in arrival order): the due time in milliseconds, and one without a
+        due time after every one with (`NO_DUE`)."""
+        return NO_DUE if self.due is None else int(self.due * 1000)
 
     def loose_images(self) -> list[Image]:
         """Images that no message part refers to (engines attach them to the last user turn)."""
@@ -80,6 +95,7 @@ class EngineRequest:
             cache_salt=req.cache_salt,
             deadline=req.deadline,
             tenant=req.tenant,
+            due=req.due(),
             session=req.session,
         )
 

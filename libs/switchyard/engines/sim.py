@@ -14,20 +14,29 @@ engine runs in steps, as vLLM's scheduler does with chunked prefill (on by defau
 
 - Each step serves every decoding sequence one token and, with what is left of a
   token budget of `max_num_batched_tokens` (a decoding sequence takes one token of
-  it), prefill chunks of admitted sequences in admission order; a prompt longer
-  than what is left is chunked over the following steps (vLLM: decodes first, then
-  pending prefills, chunked to fit).
+  it), prefill chunks of admitted sequences in the policy's order (below); a prompt
+  longer than what is left is chunked over the following steps (vLLM: decodes first,
+  then pending prefills, chunked to fit).
 - step(B, P) = step_overhead + tpot_base + tpot_per_seq * B + prefill_cost_per_token * P,
   B = sequences in the step (decoding and prefilling), P = prefill tokens it carries.
   A step without prefill is the decode step TPOT(B), bandwidth-bound; prefill is
   compute-bound and serialised through the steps: N frames arriving together cost
   N times one frame's prefill before the last one's first token, and the sequences
   decoding meanwhile see the longer steps (ITL spikes).
-- A request is admitted (FCFS) when a slot and its KV blocks are free, waits for
-  the step under way to end (alignment), then its chunks ride the next steps; the
-  step that carries its last chunk emits its first token, each later step one more.
+- A request is admitted when a slot and its KV blocks are free, waits for the step
+  under way to end (alignment), then its chunks ride the next steps; the step that
+  carries its last chunk emits its first token, each later step one more.
   So TTFT = queue + alignment + the steps until its prefill is done; the timings
   (`SimTimings`) keep queue, prefill (step boundary -> first token) and the rest.
+- `scheduling_policy` orders who goes first, as vLLM v1's scheduler does
+  (vllm/v1/core/sched/scheduler.py, request_queue.py; vLLM 0.32): `fcfs` by arrival;
+  `priority` by `EngineRequest.priority` (earliest due time first), then arrival,
+  both in the waiting queue (head-of-line: a head that does not fit blocks the rest)
+  and among admitted prompts whose prefill has not begun (vLLM keeps those waiting).
+  A prompt whose prefill has begun keeps its place (vLLM's running list is in
+  schedule order, never re-sorted). vLLM's other priority behaviour, preempting the
+  lowest-priority running request when KV blocks run out, is not modelled: the sim
+  reserves a request's blocks at admission, so a running request never runs out.
 - Timings are exact and deterministic at delay_scale 0 (arrivals then land on step
   boundaries); above 0 an arrival lands where the wall clock puts it in the step
   under way, so alignment averages half a step.
@@ -53,12 +62,13 @@ is built from live beside it:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import hashlib
 import math
 import random
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -86,6 +96,7 @@ from switchyard.engines.base import (
     EngineKind,
     EngineRequest,
     EngineStats,
+    SchedulingPolicy,
 )
 from switchyard.engines.prefix_cache import BlockCache, block_hashes
 from switchyard.engines.sim_output import CONSTRAINED_PLACEHOLDER, SimOutput, plan_output
@@ -152,7 +163,14 @@ log = get_logger("switchyard.engines.sim")
 # more (A100 80GB, H100); on smaller cards (RTX 5090) vLLM would default to 2048,
 # which our settings override. With the cost serialised per token, the budget
 # moves how prefill spreads over steps (the ITL spikes' height, a long prompt's
-# step count), not the prefill work in total.
+# step count), not the prefill work in total. A small budget is Sarathi-Serve's
+# stall-free batching (Agrawal et al., OSDI 2024, arXiv 2403.02310): no decoding
+# step carries more than that much of another's prefill. It is set per pool, on
+# that pool's workers (SY_SIM_MAX_NUM_BATCHED_TOKENS, SY_VLLM_MAX_NUM_BATCHED_TOKENS),
+# and `sy agent-sim --search --budgets` measures it. The step cost here is additive
+# (decode step + every prefill token), so each extra step a chunked prefill takes
+# costs a whole decode step; a roofline, max(compute, weight reads), would charge
+# less, so the sim if anything penalises small budgets.
 # ---------------------------------------------------------------------------
 
 _A100 = sim_calibration("a100", DEFAULT_SIM_MODEL)
@@ -178,6 +196,10 @@ class SimSettings(SectionSettings):
     max_num_seqs: int = Field(default=64, ge=1, le=4096, description="continuous batching cap")
     max_num_batched_tokens: int = Field(
         default=8192, ge=1, description="tokens per step: 1 per decoding sequence + prefill chunks"
+    )
+    # The agent pool's steps carry due times (deadline, stale frame): earliest first.
+    scheduling_policy: SchedulingPolicy = Field(
+        default="priority", description="fcfs or priority (earliest due time first)"
     )
     block_size: int = Field(default=16, ge=1, le=1024, description="tokens per KV block")
     kv_capacity_tokens: int = Field(
@@ -274,7 +296,7 @@ class SimSettings(SectionSettings):
             "figures": {k: getattr(self, k) for k in CALIBRATED},
             "preset_figures": cal.settings(), "overridden": self.overridden(),
             "max_num_batched_tokens": self.max_num_batched_tokens,
-            "max_num_seqs": self.max_num_seqs,
+            "max_num_seqs": self.max_num_seqs, "scheduling_policy": self.scheduling_policy,
         }  # fmt: skip
 
 
@@ -319,11 +341,13 @@ class _Seq:
     output: SimOutput
     total_blocks: int  # prompt + output, reserved at admission (no preemption)
     arrival: float
+    order: tuple[int, int]  # the scheduling policy's key: (priority or 0, arrival number)
     queue: asyncio.Queue[Delta] = field(default_factory=asyncio.Queue)
     state: _State = "waiting"
     admitted: float | None = None
     aligned: float | None = None  # the first step boundary at or after admission
     remaining: int = 0  # prompt tokens still to prefill
+    begun: bool = False  # a prefill chunk of it has run (it keeps its place: vLLM's running)
     hit_blocks: int = 0
     pinned: list[bytes] = field(default_factory=list)
     private: int = 0
@@ -335,6 +359,10 @@ class _Seq:
     # not cached, charged to the step that carries its first prefill chunk.
     frames: list[tuple[int, int, int]] = field(default_factory=list)
     encoder: float = 0.0
+
+
+def _order(seq: _Seq) -> tuple[int, int]:
+    return seq.order
 
 
 class DecodeFigures(Protocol):
@@ -373,7 +401,8 @@ class SimEngine:
         self._merge = vision.spatial_merge**2 if vision is not None else 4  # patches per token
         self._cache = BlockCache(max(1, s.kv_capacity_tokens // s.block_size))
         self._seqs: dict[str, _Seq] = {}  # in flight, by request id
-        self._waiting: deque[_Seq] = deque()
+        self._waiting: list[_Seq] = []  # by `_Seq.order`
+        self._arrivals = 0
         self._running: list[_Seq] = []  # prefill and decode, in admission order
         self._timings: OrderedDict[str, SimTimings] = OrderedDict()
         self._queried = 0
@@ -525,11 +554,13 @@ class SimEngine:
             total_blocks=total_blocks,
             arrival=self._arrival_time(),
             frames=self._frames(tokens),
+            order=(request.priority if s.scheduling_policy == "priority" else 0, self._arrivals),
         )
+        self._arrivals += 1
         if not self._running and self._step is None:
             self._now = max(self._now, seq.arrival)  # an idle engine starts now
         self._seqs[rid] = seq
-        self._waiting.append(seq)
+        bisect.insort(self._waiting, seq, key=_order)
         self._admit(seq.arrival)
         self._wake.set()
         return seq
@@ -561,7 +592,7 @@ class SimEngine:
         return random.Random(int.from_bytes(digest, "big"))
 
     def _admit(self, now: float) -> None:
-        """Admit waiting requests FCFS while a slot and their KV blocks are free."""
+        """Admit waiting requests in policy order while a slot and their KV blocks are free."""
         s = self.settings
         while self._waiting and len(self._running) < s.max_num_seqs:
             seq = self._waiting[0]
@@ -572,7 +603,7 @@ class SimEngine:
             new_blocks = seq.total_blocks - len(hits)
             if not self._cache.can_acquire(hits, new_blocks):
                 return
-            self._waiting.popleft()
+            self._waiting.pop(0)
             self._cache.acquire(hits, new_blocks)
             seq.pinned, seq.private, seq.hit_blocks = list(hits), new_blocks, len(hits)
             seq.cached = len(hits) * s.block_size
@@ -614,18 +645,21 @@ class SimEngine:
             await self._wake.wait()
 
     def _plan(self) -> tuple[list[_Seq], list[tuple[_Seq, int]]]:
-        """The next step: every decoding sequence, then prefill chunks in admission order
-        within what is left of the token budget (the last one cut to fit)."""
+        """The next step: every decoding sequence, then prefill chunks within what is left
+        of the token budget (the last one cut to fit): the begun prompts in admission
+        order, then the others in policy order (the module docstring)."""
         decoding = [q for q in self._running if q.state == "decode"]
         budget = self.settings.max_num_batched_tokens - len(decoding)
         chunks: list[tuple[_Seq, int]] = []
-        for q in self._running:
+        prefilling = [q for q in self._running if q.state == "prefill"]
+        # Stable: the begun keep the running order, the rest sort by the policy's key.
+        prefilling.sort(key=lambda q: (0, 0, 0) if q.begun else (1, *q.order))
+        for q in prefilling:
             if budget <= 0:
                 break
-            if q.state == "prefill":
-                take = min(q.remaining, budget)
-                chunks.append((q, take))
-                budget -= take
+            take = min(q.remaining, budget)
+            chunks.append((q, take))
+            budget -= take
         return decoding, chunks
 
     async def _run_step(self, decoding: list[_Seq], chunks: list[tuple[_Seq, int]]) -> None:
@@ -653,6 +687,7 @@ class SimEngine:
             if seq.state != "prefill":
                 continue
             seq.remaining -= n
+            seq.begun = True
             if seq.remaining == 0:  # the step that computes the last chunk samples a token
                 self._prefilled(seq)
                 self._emit(seq)

@@ -45,6 +45,7 @@ from switchyard.engines.base import (
     EngineKind,
     EngineRequest,
     EngineStats,
+    SchedulingPolicy,
 )
 from switchyard.logging import get_logger
 from switchyard.messages.inference import (
@@ -83,7 +84,15 @@ class VllmSettings(SectionSettings):
     # Qwen/Qwen3-VL-8B-Instruct-FP8) carries its own quantization config, so none is passed.
     precision: Literal["bf16", "fp8"] = "bf16"
     max_num_seqs: int = Field(default=64, ge=1, le=4096)
+    # Tokens per engine step (decodes + prefill chunks), per pool on its workers: a small
+    # one bounds how long another's prefill stalls every decoding step (Sarathi-Serve,
+    # arXiv 2403.02310); `sy agent-sim --search --budgets` measures it (README).
     max_num_batched_tokens: int | None = Field(default=8192, ge=1)
+    # vLLM's scheduler policy: `priority` runs earliest-due requests first (each request's
+    # `EngineRequest.priority`: its deadline or its frame's staleness, whichever is first),
+    # `fcfs` in arrival order. A step queued behind later-due ones is the one that goes
+    # stale first; the sim models the same (`SimSettings.scheduling_policy`).
+    scheduling_policy: SchedulingPolicy = "priority"
     gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
     max_model_len: int = Field(default=32_768, ge=16)
     # The frames of an agent step's prompt in the preprocessor's default layout (`window`
@@ -196,6 +205,7 @@ def engine_args_kwargs(s: VllmSettings) -> dict[str, Any]:
         "kv_cache_dtype": s.kv_cache_dtype,
         "max_num_seqs": s.max_num_seqs,
         "max_num_batched_tokens": s.max_num_batched_tokens,
+        "scheduling_policy": s.scheduling_policy,
         "gpu_memory_utilization": s.gpu_memory_utilization,
         "max_model_len": s.max_model_len,
         "limit_mm_per_prompt": dict(s.limit_mm_per_prompt),
@@ -231,6 +241,7 @@ class VllmInputs:
     prompt: dict[str, Any]  # a vllm.inputs TextPrompt
     sampling_params: Any
     lora_request: Any | None
+    priority: int = 0  # vLLM's (lower first); only a `priority` scheduler reads it
 
 
 def chat_conversation(request: EngineRequest) -> tuple[list[dict[str, Any]], list[Image]]:
@@ -379,7 +390,9 @@ def map_request(
             lora_int_id=lora_int_id(request.lora),
             lora_path=str(lora_path(request.lora, settings)),
         )
-    return VllmInputs(prompt, api.sampling_params(**sampling_kwargs(request, api)), lora)
+    sampling = api.sampling_params(**sampling_kwargs(request, api))
+    priority = request.priority if settings.scheduling_policy == "priority" else 0
+    return VllmInputs(prompt, sampling, lora, priority)
 
 
 def _adapter_stamp(path: Path) -> float:
@@ -607,7 +620,11 @@ class VllmEngine:
     async def _pump(self, rid: str, inputs: VllmInputs, queue: asyncio.Queue[Any]) -> None:
         try:
             async for out in self._llm.generate(
-                inputs.prompt, inputs.sampling_params, rid, lora_request=inputs.lora_request
+                inputs.prompt,
+                inputs.sampling_params,
+                rid,
+                lora_request=inputs.lora_request,
+                priority=inputs.priority,
             ):
                 queue.put_nowait(out)
         except Exception as e:

@@ -208,6 +208,15 @@ class GenerateRequest(Envelope):
         """Seconds since the frame was captured, `now` and the capture on the fleet's clock."""
         return None if self.frame_ts is None else now - (self.frame_ts + self.clock_offset)
 
+    def due(self) -> float | None:
+        """When its answer stops being of use, on the fleet's clock: the deadline, or when
+        its frame goes stale (`staleness`), whichever comes first; None if neither."""
+        stale = (
+            None if self.frame_ts is None or self.stale_after is None
+            else self.frame_ts + self.clock_offset + self.stale_after
+        )  # fmt: skip
+        return min((t for t in (self.deadline, stale) if t is not None), default=None)
+
 
 class Usage(Model):
     prompt_tokens: int = Field(default=0, ge=0)
