@@ -104,7 +104,7 @@ class Router:
             pool: Affinity(
                 settings.routing_policy, settings.load_epsilon, hold=settings.move_hold,
                 cooldown=settings.move_cooldown, ttl=settings.session_ttl,
-                prefix_weight=settings.prefix_weight,
+                window=settings.load_window, prefix_weight=settings.prefix_weight,
             )
             for pool in settings.pools
         }  # fmt: skip
@@ -320,6 +320,7 @@ class Router:
                 session,
                 item.payload.blocks,
                 now,
+                req.kv_window_tokens,
             )
             if decision is None or not workers[decision.worker].has_credit:
                 return False
