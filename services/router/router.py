@@ -450,7 +450,10 @@ class Router:
         read back from RES."""
         result = read_result(data, self.s.max_message_bytes)
         if result is not None:
-            self._release(self.ledger.take(result, live=live))
+            release = self.ledger.take(result, live=live)
+            if live and release is not None:
+                self.fleet.heard_from(release.dispatch.worker, time.time())
+            self._release(release)
 
     def _release(self, release: Release | None) -> None:
         """A dispatch ended: its worker's credit comes back (the ledger forgot it), and its
