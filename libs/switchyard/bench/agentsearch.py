@@ -9,11 +9,14 @@ fails, then bisected (`next_load`). A load passes (`judge`) only when
 - every step was answered ok (a step not ok counts as infinitely late; a
   superseded one, the phone's own choice, does not count) and the modelled p99
   is within the target;
-- no answer was invalid in the step's action format, and none was cut.
+- no answer was invalid in the step's action format, and none was cut;
+- no step's admission evicted KV blocks of an active session (the sim's count,
+  `engines.sim` "Active sessions"): past its KV, a fleet recomputes prefixes of phones
+  still playing, a wall the p99 shows only later.
 
 What limited the result (`limit`), from the first load that failed above the
 capacity (`limit_of`): `harness` (this machine, not the fleet: the capacity is a
-lower bound), `invalid actions`, `cut answers`, `prefill saturation` (the GPUs
+lower bound), `invalid actions`, `cut answers`, `KV capacity`, `prefill saturation` (the GPUs
 spent at least `SATURATED` of their modelled time on prefill: every step
 carries a new frame, and prefill is compute-bound), else the largest part of the
 failing tail - `prefill`, `decode` or `queueing`; `ladder` when every load
