@@ -450,10 +450,11 @@ class Router:
         read back from RES."""
         result = read_result(data, self.s.max_message_bytes)
         if result is not None:
-            release = self.ledger.take(result, live=live)
-            if live and release is not None:
-                self.fleet.heard_from(release.dispatch.worker, time.time())
-            self._release(release)
+            if live and result.worker is not None:
+                # The worker that ran it (not the dispatch's: a request redelivered from a
+                # dead worker's partition is answered by its new owner).
+                self.fleet.heard_from(result.worker, time.time())
+            self._release(self.ledger.take(result, live=live))
 
     def _release(self, release: Release | None) -> None:
         """A dispatch ended: its worker's credit comes back (the ledger forgot it), and its
