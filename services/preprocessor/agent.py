@@ -26,7 +26,11 @@ from services.preprocessor import metrics
 from services.preprocessor.clock import ClockOffsets
 from services.preprocessor.frames import FramePreparer
 from services.preprocessor.images import FrameLimits, FrameRejected, PreparedFrame
-from services.preprocessor.layout import estimate_prompt_tokens
+from services.preprocessor.layout import (
+    LayoutChoice,
+    estimate_prompt_tokens,
+    estimate_window_tokens,
+)
 from services.preprocessor.settings import PreprocessorSettings
 from services.preprocessor.window import Window, WindowStore, assemble, remember
 from switchyard import subjects
@@ -102,9 +106,12 @@ def to_generate(
     """
     images = [to_image(f) for f in frames]
     vlm = settings.agent_vlm
-    messages = build_messages(step, images, layout or settings.layout_for(step.tenant).layout, vlm)
+    choice = settings.layout_for(step.tenant)
+    choice = LayoutChoice(layout or choice.layout, choice.window)
+    messages = build_messages(step, images, choice.layout, vlm)
     opts = step.options
     sampling, constraint = answer_limits(opts, settings)
+    prompt_tokens = estimate_prompt_tokens(messages, images, vlm)
     # The model answers about the current frame, in the convention the prompt asked for:
     # the request records that profile with the frame's sizes, so the worker maps with it.
     g = dataclasses.replace(frames[-1].geometry, vlm=vlm)
@@ -114,7 +121,9 @@ def to_generate(
         reply=step.reply, trace=step.trace, workload="agent", pool=settings.agent_pool,
         messages=messages, images=images, prepared_at=time.time(),
         sampling=sampling, constraint=constraint,
-        prompt_tokens=estimate_prompt_tokens(messages, images, vlm),
+        prompt_tokens=prompt_tokens,
+        kv_window_tokens=estimate_window_tokens(prompt_tokens, images, choice,
+                                                sampling.max_tokens, vlm),
         stale_after=step.stale_after, step=step.step,
         frame_geometry=g.frame_geometry(),
         # No token stream: partial JSON is no use to a phone, and its deltas would

@@ -40,6 +40,11 @@ class LayoutChoice:
     layout: AgentLayout
     window: int  # frames per window (W); only `window` uses it
 
+    @property
+    def frames(self) -> int:
+        """The most frames a prompt of this layout holds."""
+        return {"pair": 2, "single": 1, "window": self.window}[self.layout]
+
 
 def frame_bytes_bound(max_pixels: int, frame_format: str) -> int:
     """The most bytes one prepared frame of at most `max_pixels` pixels can take."""
@@ -81,3 +86,20 @@ def estimate_prompt_tokens(
     patch = vlm_profile(vlm).patch_px
     visual = sum(visual_tokens(f.width, f.height, patch) + IMAGE_FRAMING_TOKENS for f in frames)
     return estimate_tokens(messages) + visual
+
+
+def estimate_window_tokens(
+    prompt_tokens: int, frames: list[Image], choice: LayoutChoice, max_tokens: int,
+    vlm: VlmName = DEFAULT_VLM,
+) -> int:  # fmt: skip
+    """The KV tokens a session of `choice` keeps cached at its fullest
+    (`GenerateRequest.kv_window_tokens`): this prompt (`prompt_tokens`, with `frames`),
+    the frames its layout holds beyond these, each the size of the last, and the answer.
+    The history's growth is left out: a line of text per step, where a frame is ~900
+    tokens."""
+    if not frames:
+        return prompt_tokens + max_tokens
+    last = frames[-1]
+    per_frame = visual_tokens(last.width, last.height, vlm_profile(vlm).patch_px)
+    more = max(0, choice.frames - len(frames)) * (per_frame + IMAGE_FRAMING_TOKENS)
+    return prompt_tokens + more + max_tokens

@@ -104,7 +104,7 @@ class Router:
             pool: Affinity(
                 settings.routing_policy, settings.load_epsilon, hold=settings.move_hold,
                 cooldown=settings.move_cooldown, ttl=settings.session_ttl,
-                prefix_weight=settings.prefix_weight,
+                window=settings.load_window, prefix_weight=settings.prefix_weight,
             )
             for pool in settings.pools
         }  # fmt: skip
@@ -320,6 +320,7 @@ class Router:
                 session,
                 item.payload.blocks,
                 now,
+                req.kv_window_tokens,
             )
             if decision is None or not workers[decision.worker].has_credit:
                 return False
@@ -449,6 +450,10 @@ class Router:
         read back from RES."""
         result = read_result(data, self.s.max_message_bytes)
         if result is not None:
+            if live and result.worker is not None:
+                # The worker that ran it (not the dispatch's: a request redelivered from a
+                # dead worker's partition is answered by its new owner).
+                self.fleet.heard_from(result.worker, time.time())
             self._release(self.ledger.take(result, live=live))
 
     def _release(self, release: Release | None) -> None:

@@ -32,6 +32,9 @@ class RouterSettings(Settings):
     prefix_weight: float = Field(
         default=0.1, ge=0, description="load (output tokens) an uncached prompt token costs"
     )
+    load_window: float = Field(
+        default=30.0, ge=0, description="seconds a worker's load is averaged over to judge overload"
+    )
     move_hold: float = Field(
         default=2.0, ge=0, description="seconds a worker stays overloaded before a session moves"
     )

@@ -42,6 +42,7 @@ def snapshot(
         waiting=stats.waiting,
         queued=queued,
         kv_cache_usage=min(1.0, max(0.0, stats.kv_cache_usage)),
+        kv_capacity_tokens=max(0, stats.kv_capacity_tokens),
         prefix_hit_rate=min(1.0, max(0.0, stats.prefix_hit_rate)),
         draining=draining,
     )

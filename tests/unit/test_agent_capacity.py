@@ -193,6 +193,22 @@ def test_a_load_with_an_invalid_action_fails_whatever_its_latency() -> None:
     assert limit_of(None, slow) == "harness"
 
 
+def test_a_load_that_evicted_an_active_sessions_kv_fails_whatever_its_latency() -> None:
+    cfg = AgentSimConfig(engine="sim", phones=1, steps=2, action_format="compact")
+    recs = [rec(k, router=0, dispatch=0, queue=0, prefill=0.1, decode=0.1) for k in range(2)]
+    for r in recs:
+        r.valid = True
+    times = [PhoneTime(end=1.0, waiting_ideal=1.0)]
+    assert judge(summarise(cfg, recs, 1.0, times), 500).passed
+    recs[1].evicted_active = 3  # its admission evicted 3 blocks of a phone still playing
+    report = summarise(cfg, recs, 1.0, times)
+    assert report.active_evictions == 3
+    res = judge(report, 500)
+    assert not res.passed and res.active_evictions == 3
+    assert res.reason == "3 KV blocks of active sessions evicted"
+    assert limit_of(None, res) == "KV capacity"
+
+
 def test_history_entries_are_one_line_in_the_steps_format() -> None:
     actions: list[Action] = [Click(x=5, y=6), Swipe(x1=1, y1=2, x2=3, y2=4, ms=250),
                              TypeText(text="hi you")]  # fmt: skip

@@ -11,7 +11,11 @@ from __future__ import annotations
 import pytest
 
 import switchyard.agentprompt as agentprompt
-from services.preprocessor.layout import estimate_prompt_tokens
+from services.preprocessor.layout import (
+    LayoutChoice,
+    estimate_prompt_tokens,
+    estimate_window_tokens,
+)
 from services.preprocessor.settings import PreprocessorSettings
 from switchyard.agentactions import ANSWER_INSTRUCTIONS
 from switchyard.agentprompt import (
@@ -260,3 +264,18 @@ def test_layouts_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("SY_AGENT_TENANT_LAYOUTS", '{"acme": {"layout": "grid"}}')
     with pytest.raises(ValueError, match="layout"):
         PreprocessorSettings()
+
+
+@pytest.mark.parametrize(("layout", "window"), [("pair", 8), ("single", 8), ("window", 4)])
+def test_a_first_steps_window_estimate_is_what_its_episode_keeps_cached(
+    layout: AgentLayout, window: int
+) -> None:
+    """From its first step (one frame), the KV its episode keeps cached once the layout
+    holds all its frames: within 5 % of that step's prompt as the sim counts it
+    (`layoutcost`). Left out: the history's later growth, a line per step (~22 tokens)."""
+    frames = _frames(layout, 0, window)
+    first = estimate_prompt_tokens(build_messages(_step(0), frames, layout), frames)
+    choice = LayoutChoice(layout, window)
+    estimate = estimate_window_tokens(first, frames, choice, 0)
+    full = layout_cost(layout, window).prompt_tokens[choice.frames - 1]
+    assert abs(estimate - full) < 0.05 * full, (estimate, full)

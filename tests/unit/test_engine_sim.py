@@ -22,6 +22,7 @@ import pytest
 from pydantic import BaseModel, Field, StringConstraints, TypeAdapter
 
 from switchyard.engines.base import Delta, Engine, EngineError, EngineRequest, ModelsCost
+from switchyard.engines.prefix_cache import BlockCache
 from switchyard.engines.sim import (
     CALIBRATED,
     CONSTRAINED_PLACEHOLDER,
@@ -265,6 +266,54 @@ async def test_running_blocks_are_pinned_against_eviction() -> None:
         deltas = await asyncio.wait_for(waiting, 30)
         assert deltas[-1].finish_reason == "length"
         await long.aclose()
+
+
+def session_request(rid: str, text: str, session: str | None) -> EngineRequest:
+    return EngineRequest(
+        request_id=rid, prompt=text, sampling=Sampling(max_tokens=4), tenant="t", session=session
+    )
+
+
+async def evicted_active(active_session_s: float, sessions: bool = True) -> tuple[int, int]:
+    """One episode's step, then four other episodes' steps that need its blocks' room: the
+    blocks of active sessions the others' admissions evicted, per request and in all."""
+    async with sim(kv_capacity_tokens=2_048, active_session_s=active_session_s) as engine:
+        await run(engine, session_request("a0", "episode a " * 300, "a" if sessions else None))
+        for i in range(4):
+            req = session_request(f"o{i}", f"episode {i} " * 300, f"o{i}" if sessions else None)
+            await run(engine, req)
+        per_request = 0
+        for rid in ("a0", "o0", "o1", "o2", "o3"):
+            t = engine.timings(rid)
+            assert t is not None
+            per_request += t.evicted_active
+        return per_request, engine.evicted_active_blocks
+
+
+async def test_evicting_an_active_sessions_blocks_is_counted() -> None:
+    # 2,048 tokens hold ~3 of these ~640-token prompts: the later ones evict the first.
+    per_request, total = await evicted_active(active_session_s=60.0)
+    assert per_request == total > 0
+    # The same evictions of a session whose step is long past (the whole run is a few
+    # modelled seconds): not an active session's, not counted; nor blocks of no session.
+    assert await evicted_active(active_session_s=0.001) == (0, 0)
+    assert await evicted_active(active_session_s=60.0, sessions=False) == (0, 0)
+
+
+def test_the_cache_counts_an_owners_evicted_blocks_only_while_it_is_active() -> None:
+    active = {"a"}
+    cache = BlockCache(4, active=lambda owner: owner in active)
+    cache.acquire([], 2, owner="a")
+    cache.commit([b"a1", b"a2"], owner="a")
+    cache.release([b"a1", b"a2"], 0)
+    cache.acquire([], 2, owner="b")
+    cache.commit([b"b1", b"b2"], owner="b")
+    cache.release([b"b1", b"b2"], 0)
+    cache.acquire([], 2, owner="c")  # evicts a's two blocks (least recently used)
+    assert (cache.evicted, cache.evicted_active) == (2, 2)
+    active.clear()
+    cache.acquire([], 2, owner="c")  # evicts b's, whose owner is not active
+    assert (cache.evicted, cache.evicted_active) == (4, 2)
 
 
 async def test_cache_salt_isolates_tenants() -> None:

@@ -9,11 +9,14 @@ fails, then bisected (`next_load`). A load passes (`judge`) only when
 - every step was answered ok (a step not ok counts as infinitely late; a
   superseded one, the phone's own choice, does not count) and the modelled p99
   is within the target;
-- no answer was invalid in the step's action format, and none was cut.
+- no answer was invalid in the step's action format, and none was cut;
+- no step's admission evicted KV blocks of an active session (the sim's count,
+  `engines.sim` "Active sessions"): past its KV, a fleet recomputes prefixes of phones
+  still playing, a wall the p99 shows only later.
 
 What limited the result (`limit`), from the first load that failed above the
 capacity (`limit_of`): `harness` (this machine, not the fleet: the capacity is a
-lower bound), `invalid actions`, `cut answers`, `prefill saturation` (the GPUs
+lower bound), `invalid actions`, `cut answers`, `KV capacity`, `prefill saturation` (the GPUs
 spent at least `SATURATED` of their modelled time on prefill: every step
 carries a new frame, and prefill is compute-bound), else the largest part of the
 failing tail - `prefill`, `decode` or `queueing`; `ladder` when every load
@@ -74,6 +77,7 @@ class LoadResult:
     calibration: str | None = None
     phones_per_worker_max: int = 0  # how evenly the load's sessions were placed
     workers_used: int = 0
+    active_evictions: int = 0  # KV blocks of active sessions evicted (sim)
 
 
 @dataclass
@@ -85,6 +89,7 @@ class CapacityReport:
     p99_ms: float | None
     invalid_actions: int | None  # at capacity
     cut_answers: int | None
+    active_evictions: int | None
     limit: str  # what limited it, one of the names in the module docstring
     limit_detail: str  # ... in words, with the figures
     calibration: str | None  # what the sim modelled (from the results)
@@ -199,6 +204,11 @@ def judge(
             f"{report.invalid_actions} invalid actions, {report.cut_answers} cut answers "
             f"({report.config.action_format}, chunk {report.config.chunk})"
         )
+    elif report.active_evictions:
+        # The KV is the wall: an active phone's prefix evicted is a whole prefill again
+        # at its next step, a fleet running past its memory whatever the p99 says yet.
+        passed = False
+        reason = f"{report.active_evictions} KV blocks of active sessions evicted"
     elif m.p99_ms > target_ms:
         late = "not all steps ok" if math.isinf(m.p99_ms) else f"{m.p99_ms} ms"
         passed, reason = False, f"modelled p99 {late} > {target_ms} ms (limit: {m.limit})"
@@ -213,6 +223,7 @@ def judge(
         prefill_busy=report.prefill_busy, wait_share=report.wait_share,
         actions_per_phone_s=report.actions_per_phone_s, calibration=report.calibration,
         phones_per_worker_max=report.phones_per_worker_max, workers_used=report.workers_used,
+        active_evictions=report.active_evictions,
     )  # fmt: skip
 
 
@@ -278,6 +289,8 @@ def limit_of(at: LoadResult | None, fail: LoadResult | None) -> str:
         return "invalid actions"
     if fail.cut_answers:
         return "cut answers"
+    if fail.active_evictions:
+        return "KV capacity"
     if fail.modelled is None:
         return "unknown"
     if fail.prefill_busy is not None and fail.prefill_busy >= SATURATED:
@@ -335,6 +348,7 @@ def run_capacity_search(
         p50_ms=m.p50_ms if m else None, p99_ms=m.p99_ms if m else None,
         invalid_actions=at.invalid_actions if at else None,
         cut_answers=at.cut_answers if at else None,
+        active_evictions=at.active_evictions if at else None,
         limit=limit_of(at, fail), limit_detail=explain_limit(at, fail),
         calibration=",".join(calibrations) or None,
         layout=cfg.layout, action_format=cfg.action_format, chunk=cfg.chunk,
@@ -348,7 +362,8 @@ def run_capacity_search(
         config=sized, wall_s=round(time.perf_counter() - t0, 1),
         notes=[
             "pass: modelled p99 <= target with every step answered ok (a step not ok counts "
-            f"as infinitely late), no invalid or cut answer, loop efficiency >= "
+            f"as infinitely late), no invalid or cut answer, no KV block of an active "
+            f"session evicted, loop efficiency >= "
             f"{min_loop_efficiency} (the harness kept up)",
             "modelled = router + dispatch (measured wall / delay_scale) + the sim engine's "
             "modelled queue, prefill, decode; wall figures include this machine's CPU work",

@@ -268,6 +268,7 @@ class StepRecord:
     prefill_s: float | None = None  # modelled
     decode_s: float | None = None  # modelled
     calibration: str | None = None  # what the sim engine modelled it at
+    evicted_active: int = 0  # KV blocks of active sessions its admission evicted (sim)
     worker: str | None = None  # the worker that answered it
     sent: float = 0.0  # wall (perf_counter) when the step was published
     actions: int = 0  # actions in its answer (when valid)
@@ -361,6 +362,9 @@ class AgentSimReport:
     errors: dict[str, int]  # status:code of the rest (cut answers among them)
     invalid_actions: int  # answered ok, but not a valid answer in the step's format
     cut_answers: int  # answered `answer_cut`: stopped at max_tokens or not in the format
+    # KV blocks of active sessions evicted to admit a step (sim: `engines.sim`, "Active
+    # sessions"): each is a prefix some phone's next step computes again.
+    active_evictions: int
     latency_p50_ms: float
     latency_p99_ms: float
     prefix_hit_rate: float  # steps after the first: cached / prompt tokens
@@ -625,6 +629,7 @@ def _timings_into(rec: StepRecord, t: Timings) -> None:
         m = t.modelled
         rec.engine_queue_s, rec.prefill_s, rec.decode_s = m.queue, m.prefill, m.decode
         rec.calibration = m.calibration
+        rec.evicted_active = m.evicted_active
 
 
 def _ms(x: float) -> float:
@@ -785,6 +790,7 @@ def summarise(
         errors=errors,
         invalid_actions=sum(not r.valid for r in ok),
         cut_answers=sum(r.code == "answer_cut" for r in recs),
+        active_evictions=sum(r.evicted_active for r in recs),
         latency_p50_ms=round(percentile([r.latency_s for r in ok], 0.5) * 1000, 1),
         latency_p99_ms=round(percentile([r.latency_s for r in ok], 0.99) * 1000, 1),
         prefix_hit_rate=ratio(cached, sum(r.prompt_tokens for r in later)),

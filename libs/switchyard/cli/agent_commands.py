@@ -240,7 +240,7 @@ def _print_search(report: CapacityReport) -> None:
     )
     cols = ("phones", "steps", "ok", "stale", "sup", "err", "model p50", "model p99",
             "p99 tail: queue", "prefill", "decode", "steps/s", "GPU prefill", "wait",
-            "loop eff", "outside p50", "max/worker", "pass")  # fmt: skip
+            "loop eff", "outside p50", "max/worker", "KV evicted", "pass")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="right")
     for r in report.loads:
@@ -255,7 +255,7 @@ def _print_search(report: CapacityReport) -> None:
             f"{queue}" if m else "-", f"{t.get('prefill', '-')}", f"{t.get('decode', '-')}",
             f"{r.steps_per_s}", busy, f"{round(r.wait_share * 100)} %",
             f"{m.loop_efficiency}" if m else "-", f"{m.outside_p50_ms}" if m else "-",
-            str(r.phones_per_worker_max), "yes" if r.passed else "no",
+            str(r.phones_per_worker_max), str(r.active_evictions), "yes" if r.passed else "no",
         )  # fmt: skip
     con = Console()
     con.print(table)

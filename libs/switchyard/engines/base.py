@@ -118,6 +118,7 @@ class EngineStats:
     running: int = 0
     prefix_queried_tokens: int = 0  # cumulative
     prefix_hit_tokens: int = 0  # cumulative
+    kv_capacity_tokens: int = 0  # the KV cache's size in tokens (0: not known)
 
     @property
     def prefix_hit_rate(self) -> float:

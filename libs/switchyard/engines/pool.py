@@ -98,6 +98,7 @@ class EnginePool:
         parts = [e.stats() for e in self.instances]
         return EngineStats(
             kv_cache_usage=sum(p.kv_cache_usage for p in parts) / len(parts),
+            kv_capacity_tokens=sum(p.kv_capacity_tokens for p in parts),
             waiting=len(self._waiters) + sum(p.waiting for p in parts),
             running=sum(p.running for p in parts),
             prefix_queried_tokens=sum(p.prefix_queried_tokens for p in parts),

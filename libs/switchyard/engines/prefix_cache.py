@@ -12,27 +12,34 @@ evictable, in LRU order, until a new allocation needs its room. Blocks a
 sequence holds but has not computed yet (or that are not full prompt blocks)
 are "private": they count against capacity but are never shared.
 
+Each cached block also names its owner, the session of the sequence that last held
+it, so an eviction can tell whether it took a block from a session the engine still
+counts active (`active`, the engine's rule: `SimEngine`); `evicted_active` counts those.
+
 Kept apart from the engine so the cache can be read and tested on its own: it
-knows blocks and hashes, not requests, time or tokens' meaning.
+knows blocks, hashes and owners' names, not requests, time or tokens' meaning.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 
 class BlockCache:
     """A block pool of `num_blocks`: full prompt blocks keyed by chained hashes,
     evictable (unreferenced) blocks in LRU order."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, active: Callable[[str], bool] | None = None) -> None:
         self.num_blocks = num_blocks
         self._ref: dict[bytes, int] = {}  # cached block hash -> sequences holding it
         self._lru: OrderedDict[bytes, None] = OrderedDict()  # ref 0 blocks, oldest first
+        self._owner: dict[bytes, str] = {}  # cached block hash -> the session that last held it
+        self._active = active or (lambda _: False)
         self.private = 0  # unhashed blocks held by running sequences
         self.evicted = 0
+        self.evicted_active = 0  # of `evicted`, blocks whose owner was active then
 
     @property
     def used(self) -> int:
@@ -52,20 +59,22 @@ class BlockCache:
         revived = sum(1 for h in hits if h in self._lru)
         return self.used + revived + new_blocks <= self.num_blocks
 
-    def acquire(self, hits: Sequence[bytes], new_blocks: int) -> None:
+    def acquire(self, hits: Sequence[bytes], new_blocks: int, owner: str | None = None) -> None:
         for h in hits:
-            self._pin(h)
+            self._pin(h, owner)
         self.private += new_blocks
         self._evict()
 
-    def commit(self, hashes: Iterable[bytes]) -> int:
+    def commit(self, hashes: Iterable[bytes], owner: str | None = None) -> int:
         """Turn private blocks whose prefill finished into cached, pinned blocks."""
         n = 0
         for h in hashes:
             if h in self._ref:
-                self._pin(h)  # computed concurrently by another sequence: share it
+                self._pin(h, owner)  # computed concurrently by another sequence: share it
             else:
                 self._ref[h] = 1
+                if owner is not None:
+                    self._owner[h] = owner
             n += 1
         self.private -= n
         return n
@@ -80,16 +89,21 @@ class BlockCache:
                 self._lru[h] = None
         self.private -= private
 
-    def _pin(self, h: bytes) -> None:
+    def _pin(self, h: bytes, owner: str | None) -> None:
         if self._ref[h] == 0:
             del self._lru[h]
         self._ref[h] += 1
+        if owner is not None:
+            self._owner[h] = owner
 
     def _evict(self) -> None:
         while len(self._ref) + self.private > self.num_blocks and self._lru:
             h, _ = self._lru.popitem(last=False)
             del self._ref[h]
             self.evicted += 1
+            owner = self._owner.pop(h, None)
+            if owner is not None and self._active(owner):
+                self.evicted_active += 1
 
 
 def block_hashes(

@@ -50,6 +50,17 @@ prefill_cost_per_token, kv_capacity_tokens) come from a calibration preset
 Every request's modelled timings are kept (see `SimEngine.timings`) so tests
 and load tools can read exact, noise-free numbers instead of wall-clock ones.
 
+Active sessions. An agent episode's next step reuses what its last one left in the KV
+cache; evicting that between its steps costs it a whole prefill again. The engine counts
+such evictions (`SimTimings.evicted_active`: blocks of active sessions that a request's
+admission evicted; `evicted_active_blocks` in total). A session (the request's tenant
+and `session`) is **active** while a request of it is in the engine, and after its last
+step arrived for twice its last interval between steps: an episode is a closed loop, so
+its next step is due about one interval later, and twice that still covers a phone that
+acts longer this time (the route bench draws act times of 0.5-1.5x their mean) without
+counting an episode that has ended for long. Before its second step its interval is not
+known: then `active_session_s` (30 s, the router's `warm_seconds`) stands in for it.
+
 This module holds the engine, its settings and its timing record; the parts it
 is built from live beside it:
 
@@ -68,7 +79,7 @@ import hashlib
 import math
 import random
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -238,6 +249,9 @@ class SimSettings(SectionSettings):
     # What `VllmSettings.max_pixels` passes to vLLM, whatever the model.
     image_max_pixels: int = Field(default=1280 * 28 * 28, ge=1)
     seed: int = Field(default=0, ge=0)
+    active_session_s: float = Field(
+        default=30.0, gt=0, description="a session with one step stays active this long"
+    )
     timings_history: int = Field(default=4096, ge=0, description="finished requests to remember")
 
     @model_validator(mode="before")
@@ -321,6 +335,8 @@ class SimTimings:
     # part split evenly, its own prefill chunks in full). Summed over a worker's requests
     # it is the GPU's busy time, which waiting behind other prefills is not.
     gpu: float = 0.0
+    # KV blocks of active sessions (see the module docstring) its admission evicted.
+    evicted_active: int = 0
 
     @property
     def uncached_tokens(self) -> int:
@@ -359,6 +375,9 @@ class _Seq:
     # not cached, charged to the step that carries its first prefill chunk.
     frames: list[tuple[int, int, int]] = field(default_factory=list)
     encoder: float = 0.0
+
+    session: str | None = None  # tenant and session, the owner of the blocks it holds
+    evicted_active: int = 0  # `SimTimings.evicted_active`
 
 
 def _order(seq: _Seq) -> tuple[int, int]:
@@ -399,7 +418,11 @@ class SimEngine:
         self._calibration = s.calibration  # settings are fixed for an engine's life
         vision = model_preset(s.model).vision
         self._merge = vision.spatial_merge**2 if vision is not None else 4  # patches per token
-        self._cache = BlockCache(max(1, s.kv_capacity_tokens // s.block_size))
+        self._cache = BlockCache(max(1, s.kv_capacity_tokens // s.block_size), self._active)
+        # Session -> (its last step's arrival, the interval before it), by last arrival;
+        # and how many of its requests are in the engine (see "Active sessions").
+        self._sessions: OrderedDict[str, tuple[float, float | None]] = OrderedDict()
+        self._in_engine: Counter[str] = Counter()
         self._seqs: dict[str, _Seq] = {}  # in flight, by request id
         self._waiting: list[_Seq] = []  # by `_Seq.order`
         self._arrivals = 0
@@ -454,6 +477,7 @@ class SimEngine:
     def stats(self) -> EngineStats:
         return EngineStats(
             kv_cache_usage=self._cache.used / self._cache.num_blocks,
+            kv_capacity_tokens=self._cache.num_blocks * self.settings.block_size,
             waiting=len(self._waiting),
             running=len(self._running),
             prefix_queried_tokens=self._queried,
@@ -469,9 +493,37 @@ class SimEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        log.info("sim engine closed", engine="sim", evicted_blocks=self._cache.evicted)
+        log.info("sim engine closed", engine="sim", evicted_blocks=self._cache.evicted,
+                 evicted_active_blocks=self._cache.evicted_active)  # fmt: skip
 
     # -- modelled numbers -----------------------------------------------------
+
+    @property
+    def evicted_active_blocks(self) -> int:
+        """KV blocks of active sessions evicted so far (see "Active sessions")."""
+        return self._cache.evicted_active
+
+    def _active(self, session: str) -> bool:
+        """Whether `session` is active now (the module docstring's "Active sessions")."""
+        if self._in_engine[session] > 0:
+            return True
+        seen = self._sessions.get(session)
+        if seen is None:
+            return False
+        last, interval = seen
+        window = 2 * interval if interval is not None else self.settings.active_session_s
+        return self._now - last <= window
+
+    def _arrived(self, session: str, at: float) -> None:
+        last = self._sessions.pop(session, None)
+        self._sessions[session] = (at, at - last[0] if last is not None else None)
+        self._in_engine[session] += 1
+        while self._sessions:  # forget sessions that went inactive, oldest first
+            oldest = next(iter(self._sessions))
+            if self._active(oldest):
+                break
+            del self._sessions[oldest]
+            self._in_engine.pop(oldest, None)
 
     @property
     def slots(self) -> int:
@@ -510,7 +562,7 @@ class SimEngine:
         return ModelledTimings(
             queue=t.queue, prefill=t.prefill,
             decode=max(0.0, t.total - t.queue - t.prefill), total=t.total, ttft=t.ttft,
-            calibration=t.calibration, gpu=t.gpu,
+            calibration=t.calibration, gpu=t.gpu, evicted_active=t.evicted_active,
         )  # fmt: skip
 
     @property
@@ -555,8 +607,11 @@ class SimEngine:
             arrival=self._arrival_time(),
             frames=self._frames(tokens),
             order=(request.priority if s.scheduling_policy == "priority" else 0, self._arrivals),
+            session=f"{request.tenant}\x1e{request.session}" if request.session else None,
         )
         self._arrivals += 1
+        if seq.session is not None:
+            self._arrived(seq.session, seq.arrival)
         if not self._running and self._step is None:
             self._now = max(self._now, seq.arrival)  # an idle engine starts now
         self._seqs[rid] = seq
@@ -604,7 +659,9 @@ class SimEngine:
             if not self._cache.can_acquire(hits, new_blocks):
                 return
             self._waiting.pop(0)
-            self._cache.acquire(hits, new_blocks)
+            before = self._cache.evicted_active
+            self._cache.acquire(hits, new_blocks, seq.session)
+            seq.evicted_active = self._cache.evicted_active - before
             seq.pinned, seq.private, seq.hit_blocks = list(hits), new_blocks, len(hits)
             seq.cached = len(hits) * s.block_size
             self._queried += seq.prompt_len
@@ -721,7 +778,7 @@ class SimEngine:
     def _prefilled(self, seq: _Seq) -> None:
         full = seq.prompt_len // self.settings.block_size
         computed = seq.hashes[seq.hit_blocks : full]
-        seq.private -= self._cache.commit(computed)
+        seq.private -= self._cache.commit(computed, seq.session)
         seq.pinned.extend(computed)
         seq.state = "decode"
 
@@ -754,6 +811,8 @@ class SimEngine:
             self._cache.release(seq.pinned, seq.private)
         seq.state = "done"
         self._seqs.pop(seq.request_id, None)
+        if seq.session is not None and self._in_engine[seq.session] > 0:
+            self._in_engine[seq.session] -= 1
         if notify:
             seq.queue.put_nowait(
                 Delta(
@@ -790,6 +849,7 @@ class SimEngine:
             finish_reason=reason,
             calibration=self._calibration,
             gpu=seq.gpu,
+            evicted_active=seq.evicted_active,
         )
         while len(self._timings) > keep:
             self._timings.popitem(last=False)

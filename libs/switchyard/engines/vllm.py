@@ -456,11 +456,17 @@ _COUNTERS = {
 }
 
 
+# vLLM's cache config as a gauge's labels; its KV cache in tokens is num_gpu_blocks x
+# block_size (vllm/v1/metrics/loggers.py: `log_metrics_info("cache_config", ...)`).
+_CACHE_CONFIG = "vllm:cache_config_info"
+
+
 def read_vllm_metrics(registry: CollectorRegistry) -> dict[str, float]:
     """Sum vLLM's engine gauges and counters over their label sets (engines).
 
     `kv` is averaged instead. The first name of each tuple is current vLLM's,
     the others are the names it had before 0.10. Missing keys: no such metric.
+    `kv_tokens`: the KV cache's tokens, summed over engines, from `_CACHE_CONFIG`.
     """
     wanted = {
         name: (key, suffix, rank)
@@ -470,6 +476,10 @@ def read_vllm_metrics(registry: CollectorRegistry) -> dict[str, float]:
     }
     found: dict[str, tuple[int, list[float]]] = {}
     for metric in registry.collect():
+        if metric.name == _CACHE_CONFIG:
+            tokens = [_kv_tokens(s.labels) for s in metric.samples]
+            found["kv_tokens"] = (0, [float(sum(tokens))])
+            continue
         hit = wanted.get(metric.name)
         if hit is None:
             continue
@@ -479,6 +489,11 @@ def read_vllm_metrics(registry: CollectorRegistry) -> dict[str, float]:
         if values and (key not in found or rank < found[key][0]):
             found[key] = (rank, values)
     return {k: (sum(v) / len(v) if k == "kv" else sum(v)) for k, (_, v) in found.items()}
+
+
+def _kv_tokens(labels: dict[str, str]) -> int:
+    blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+    return int(blocks) * int(size) if blocks.isdigit() and size.isdigit() else 0
 
 
 def _errored(llm: Any) -> bool:
@@ -675,6 +690,7 @@ class VllmEngine:
         m = read_vllm_metrics(self._metrics)
         return EngineStats(
             kv_cache_usage=m.get("kv", 0.0),
+            kv_capacity_tokens=int(m.get("kv_tokens", 0)),
             waiting=int(m.get("waiting", 0)),
             # Before vLLM's first scheduler stats arrive, count what we sent it.
             running=int(m["running"]) if "running" in m else len(self._inflight),

@@ -24,6 +24,8 @@ class WorkerHeartbeat(Model):
     waiting: int = Field(default=0, ge=0)
     queued: int = Field(default=0, ge=0)
     kv_cache_usage: float = Field(default=0.0, ge=0.0, le=1.0)
+    # Its engine's KV cache in tokens (0: the engine does not say): the router's KV room.
+    kv_capacity_tokens: int = Field(default=0, ge=0)
     prefix_hit_rate: float = Field(default=0.0, ge=0.0, le=1.0)
     draining: bool = False
 

@@ -197,6 +197,11 @@ class GenerateRequest(Envelope):
     routed_to: ShortText | None = None
     # Agent steps: the current frame's geometry; answers carry original-frame coordinates.
     frame_geometry: FrameGeometry | None = None
+    # Agent steps: the KV tokens its session's steps keep cached on their worker at the
+    # layout's fullest (system prompt, every frame the layout holds, history, answer), the
+    # producer's estimate; the router places a new session where it fits (None: the
+    # prompt and the answer).
+    kv_window_tokens: int | None = Field(default=None, ge=0, le=10_000_000)
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
@@ -236,7 +241,10 @@ class ModelledTimings(Model):
     first token (None when no token came); `calibration` the GPU preset the figures are
     modelled at (`a100`, `h100`, `rtx5090`; `+custom` when a figure was overridden);
     `gpu` the engine time it used (its share of each step it ran in): a worker's sum is
-    its GPU's busy time, where `prefill` + `decode` also count waiting behind others.
+    its GPU's busy time, where `prefill` + `decode` also count waiting behind others;
+    `evicted_active` the KV blocks of active agent sessions (the sim's rule:
+    `switchyard.engines.sim`) that its admission evicted, each a prefix that session's
+    next step must compute again.
     """
 
     queue: float = Field(default=0.0, ge=0)
@@ -246,6 +254,7 @@ class ModelledTimings(Model):
     ttft: float | None = Field(default=None, ge=0)
     calibration: str | None = Field(default=None, max_length=64)
     gpu: float = Field(default=0.0, ge=0)
+    evicted_active: int = Field(default=0, ge=0)
 
 
 class Timings(Model):

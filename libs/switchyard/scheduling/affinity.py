@@ -22,11 +22,21 @@ its share of them); this module decides the worker, per request, from
 The shipped policy, `switchyard`:
 
 1. A request of a session whose worker is live and not draining goes to that worker.
-   It moves only when that worker has been **overloaded** — load per slot above
-   (1 + `epsilon`) x the pool's mean — continuously for `hold` seconds, the session has
-   not moved in the last `cooldown` seconds, and somewhere is below the mean. After a move
+   It moves only when that worker has been **overloaded** — its load per slot, averaged
+   over the last `window` seconds, above (1 + `epsilon`) x the pool's mean of the same,
+   and above the mean by at least this request's work (shedding less than the excess
+   only moves it) — continuously for `hold` seconds, is over the bound at this instant
+   too, the session has not moved in the last `cooldown` seconds, and somewhere is
+   below the mean. After a move
    the worker's overload clock starts again, so an overloaded worker sheds one session per
    `hold`: load that is uneven for a moment moves nothing, and no session bounces back.
+   The average is what tells an overloaded worker from a noisy one: the load a router sees
+   is the steps in flight, a few per worker between the phones' actions, so a worker is
+   15 % over the mean half the time by chance alone, and for 2 s at a time often enough:
+   judged instant by instant, `sy bench route --workload agent` in real time
+   (`--delay-scale 1.0`) moved sessions for nothing (stickiness 0.90-0.96 at imbalance
+   1.02), where at 0.25 the same 2 s hold lasted four times as long in the workload's own
+   time and nothing moved.
 2. A conversation's next turn (a request without a session that extends a prompt a
    worker was sent, see above) stays on that worker by the same rule: it moves only when
    the worker has been overloaded for `hold` seconds, and then the worker's overload
@@ -44,13 +54,30 @@ The shipped policy, `switchyard`:
    worker holds goes there while that worker has room, and a hot prefix (one tenant's
    system prompt) spreads over as many workers as its load needs.
 
+KV headroom. A session's next step reuses the prefix its last one left in its worker's KV
+cache; an episode placed where the cache cannot also hold it evicts the prefixes of the
+sessions already there (LRU), and their next steps compute them again. So a new session
+(or one that must move) goes only to a worker whose **room** holds its window, when some
+worker's does: room = the KV capacity the worker's heartbeat reports (its engine's, in
+tokens) less the larger of what its running sequences use (the engine's KV usage) and
+the windows of the **active** sessions routed there. A session's window is what its
+steps keep cached (its producer's estimate, `GenerateRequest.kv_window_tokens`: system
+prompt, every frame its layout holds, history, answer; else its prompt and answer), and
+it is active while its last step was dispatched less than twice its last interval
+between steps ago (an episode is a closed loop: its next step is due one interval on),
+or `active_s` seconds before its second step - the rule the sim engine counts its
+evictions of active sessions by (`engines.sim`). When no worker has room, the one with
+the most. Sessions already placed stay sticky: a full cache is no reason to move one.
+
 `least_loaded` (least load per slot, no memory) and `round_robin` are the baselines
 `sy bench route` compares it with.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -147,6 +174,8 @@ class WorkerLoad:
     load: float  # tokens being served (see the module docstring)
     draining: bool = False
     credit: int = 1  # requests it may still be sent now
+    kv_tokens: int = 0  # its engine's KV cache capacity in tokens (0: not reported)
+    kv_usage: float = 0.0  # the share of it that running sequences hold (engine's figure)
 
     @property
     def has_credit(self) -> bool:
@@ -160,11 +189,16 @@ class WorkerLoad:
 @dataclass
 class Route:
     """A session's worker. `written`: when the KV entry was last written (it expires
-    `ttl` after that); `moved`: when the session last changed worker."""
+    `ttl` after that); `moved`: when the session last changed worker; `window`: the KV
+    tokens its steps keep cached, `seen` when its last step was dispatched and `interval`
+    the time between its last two (None until this router saw one, or two, of its steps)."""
 
     worker: str
     written: float
     moved: float
+    window: int = 0
+    seen: float | None = None
+    interval: float | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +209,7 @@ class Decision:
     write: bool  # the session's KV entry must be (re)written: new, moved or due a refresh
     work: float  # what it adds to the chosen worker's load (see the module docstring)
     left: str | None = None  # the overloaded worker it moved off, for a move for load
+    window: int = 0  # KV tokens the session keeps cached on its worker (module docstring)
 
 
 @dataclass
@@ -184,6 +219,18 @@ class Affinity:
     hold: float = 2.0
     cooldown: float = 30.0
     ttl: float = 600.0
+    # Seconds the load that judges overload is averaged over (an exponential moving
+    # average with this time constant), many of a phone's step cycles (the route bench's:
+    # 8 s of acting + ~1 s of step), so its steps' coming and going averages out. My own
+    # estimate, from a model of the steps in flight (each worker's a Poisson stream of
+    # 3 steps/s lasting 0.9 s, 64 sessions, 10 minutes): judged instantly, ~125 moves;
+    # averaged over 10 s ~30, 20 s ~1, 30 s none, and a worker 1.5x the others' load
+    # still sheds its first session as soon as its sessions' `cooldown` allows. Checked
+    # with `sy bench route` (module docstring).
+    window: float = 30.0
+    # Seconds a session with one step so far stays active (its interval unknown): the
+    # router's `warm_seconds` and the sim's `active_session_s`.
+    active_s: float = 30.0
     # What a prompt token a worker would compute again costs, in units of load (output
     # tokens), for a request that continues nothing, on top of its GPU time
     # (1 / PROMPT_TOKENS_PER_OUTPUT_TOKEN): a hot tenant's system prompt draws its
@@ -199,15 +246,31 @@ class Affinity:
     routes: dict[str, Route] = field(default_factory=dict)  # change with _set/_drop only
     _on: Counter[str] = field(default_factory=Counter)  # sessions routed to each worker
     _over_since: dict[str, float] = field(default_factory=dict)
+    _smooth: dict[str, tuple[float, float]] = field(default_factory=dict)  # (load/slot, at)
+    _excess: dict[str, float] = field(default_factory=dict)  # averaged load/slot over the mean
     _index: OrderedDict[bytes, dict[str, float]] = field(default_factory=OrderedDict)
     _turn: int = 0
 
     # -- what the router tells it --------------------------------------------------------
 
     def observe(self, workers: Sequence[WorkerLoad], now: float) -> None:
-        """Track which workers are overloaded and since when (call once per round)."""
-        mean = _mean(workers)
-        over = {w.worker for w in workers if mean > 0 and w.per_slot > (1 + self.epsilon) * mean}
+        """Average each worker's load per slot over `window`, and track which workers are
+        overloaded by that average and since when (call once per round)."""
+        smooth: dict[str, tuple[float, float]] = {}
+        for w in workers:
+            seen = self._smooth.get(w.worker)
+            if seen is None or self.window <= 0:
+                smooth[w.worker] = (w.per_slot, now)
+                continue
+            value, at = seen
+            k = 1.0 - math.exp(-max(0.0, now - at) / self.window)
+            smooth[w.worker] = (value + k * (w.per_slot - value), now)
+        self._smooth = smooth
+        slots = sum(w.slots for w in workers)
+        mean = sum(smooth[w.worker][0] * w.slots for w in workers) / slots if slots else 0.0
+        bound = (1 + self.epsilon) * mean
+        over = {w.worker for w in workers if mean > 0 and smooth[w.worker][0] > bound}
+        self._excess = {w: smooth[w][0] - mean for w in over}
         self._over_since = {w: self._over_since.get(w, now) for w in over}
 
     def learn(self, session: str, worker: str, written: float, *, adopt: bool = False) -> None:
@@ -247,11 +310,13 @@ class Affinity:
 
     def choose(
         self, workers: Sequence[WorkerLoad], prompt: int, output: int, session: str | None,
-        blocks: Sequence[Block], now: float,
+        blocks: Sequence[Block], now: float, window: int | None = None,
     ) -> Decision | None:  # fmt: skip
         """The worker for a request of `prompt` tokens asking for up to `output`, or None
-        when it must wait (nobody eligible has credit). Pure: `commit` records a dispatched
+        when it must wait (nobody eligible has credit); `window`: the KV tokens its session
+        keeps cached (None: prompt + output). Pure: `commit` records a dispatched
         decision."""
+        kv = window if window is not None else prompt + output
         eligible = [w for w in workers if not w.draining]
         if not eligible:
             return None
@@ -267,7 +332,9 @@ class Affinity:
                 return None
             pick = min(free, key=_least).worker
             return Decision(pick, "new", session, False, self._work(prompt, output, 0))
-        return self._switchyard(workers, eligible, free, prompt, output, session, blocks, now)
+        decision = self._switchyard(workers, eligible, free, prompt, output, session, blocks, now,
+                                    kv)  # fmt: skip
+        return dataclasses.replace(decision, window=kv) if decision is not None else None
 
     def _work(self, prompt: int, output: int, cached: int) -> float:
         """What a request adds to a worker that holds `cached` of its prompt tokens."""
@@ -276,6 +343,7 @@ class Affinity:
     def _switchyard(
         self, workers: Sequence[WorkerLoad], eligible: list[WorkerLoad], free: list[WorkerLoad],
         prompt: int, output: int, session: str | None, blocks: Sequence[Block], now: float,
+        kv: int,
     ) -> Decision | None:  # fmt: skip
         home: WorkerLoad | None = None
         reason: Reason = "new" if session is not None else "prefix"
@@ -299,6 +367,8 @@ class Affinity:
             reason = "load"
         key = session if session is not None else (blocks[0].digest.hex() if blocks else "")
         away = home.worker if home else route.worker if route else None
+        if session is not None:
+            free = self._with_room(free, kv, now)
         best = self._best(free, prompt, output, blocks, now, key, session is not None, away)
         if best is None:
             return None
@@ -328,6 +398,11 @@ class Affinity:
         since = self._over_since.get(home.worker)
         if since is None or now - since < self.hold:
             return False
+        # Shedding less than the excess only moves it: the average must be over the mean
+        # by this request's work at least (a few steps in flight per worker are many
+        # times 15 % of the mean by chance).
+        if self._excess.get(home.worker, 0.0) < work / home.slots:
+            return False
         total_slots = sum(w.slots for w in eligible)
         mean_after = (sum(w.load for w in eligible) + work) / total_slots
         if home.per_slot <= (1 + self.epsilon) * mean_after:
@@ -336,6 +411,35 @@ class Affinity:
             w.has_credit and w.worker != home.worker and (w.load + work) / w.slots <= mean_after
             for w in eligible
         )
+
+    def is_active(self, route: Route, now: float) -> bool:
+        """Whether the session of `route` is active (see the module docstring)."""
+        if route.seen is None:
+            return False
+        span = 2 * route.interval if route.interval is not None else self.active_s
+        return now - route.seen <= span
+
+    def room(self, workers: Sequence[WorkerLoad], now: float) -> dict[str, float]:
+        """KV tokens each worker that reports its capacity can still cache without
+        evicting an active session's prefix (see the module docstring)."""
+        held: Counter[str] = Counter()
+        for route in self.routes.values():
+            if route.window and self.is_active(route, now):
+                held[route.worker] += route.window
+        return {
+            w.worker: w.kv_tokens - max(held[w.worker], w.kv_usage * w.kv_tokens)
+            for w in workers
+            if w.kv_tokens > 0
+        }
+
+    def _with_room(self, free: list[WorkerLoad], kv: int, now: float) -> list[WorkerLoad]:
+        """The workers of `free` whose room holds a session's `kv` tokens (a worker that
+        reports no capacity is taken to have room); when none, the one with the most."""
+        room = self.room(free, now)
+        fits = [w for w in free if room.get(w.worker, math.inf) >= kv]
+        if fits or not free:
+            return fits
+        return [max(free, key=lambda w: (room.get(w.worker, math.inf), w.worker))]
 
     def _best(
         self, free: list[WorkerLoad], prompt: int, output: int, blocks: Sequence[Block],
@@ -402,6 +506,10 @@ class Affinity:
                 self._set(decision.session, Route(decision.worker, now, now))
             elif decision.write:
                 before.written = now
+            route = self.routes[decision.session]
+            route.interval = now - route.seen if route.seen is not None else None
+            route.seen = now
+            route.window = max(route.window, decision.window)
         for block in blocks:
             holders = self._index.get(block.digest)
             if holders is None:
@@ -411,11 +519,6 @@ class Affinity:
             holders[decision.worker] = now
         while len(self._index) > self.prefix_capacity:
             self._index.popitem(last=False)
-
-
-def _mean(workers: Sequence[WorkerLoad]) -> float:
-    slots = sum(w.slots for w in workers)
-    return sum(w.load for w in workers) / slots if slots else 0.0
 
 
 def _least(w: WorkerLoad) -> tuple[float, str]:

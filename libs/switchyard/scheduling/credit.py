@@ -190,6 +190,7 @@ class Ledger:
             held = max(count.get(hb.worker, 0), hb.queued - len(answered))
             credit = hb.slots * self.credit_per_slot - held
             loads[hb.worker] = WorkerLoad(
-                hb.worker, hb.slots, tokens.get(hb.worker, 0.0), hb.draining, credit
-            )
+                hb.worker, hb.slots, tokens.get(hb.worker, 0.0), hb.draining, credit,
+                hb.kv_capacity_tokens, hb.kv_cache_usage,
+            )  # fmt: skip
         return loads
