@@ -29,7 +29,13 @@ import json
 import random
 from dataclasses import dataclass
 
-from switchyard.agentactions import MAX_TYPED_CHARS, Answer, encode_answer, is_wrapped
+from switchyard.agentactions import (
+    FORMAT_COORDS,
+    MAX_TYPED_CHARS,
+    Answer,
+    encode_answer,
+    is_wrapped,
+)
 from switchyard.engines.base import EngineRequest
 from switchyard.engines.schema_instance import schema_instance
 from switchyard.engines.sim_tokens import WORDS, pseudo_tokens
@@ -147,11 +153,11 @@ def sim_answer(
 ) -> str:
     """A valid answer for an agent step: `c.chunk` actions (a model asked for a chunk
     fills it) within the current frame (the request's last image; with `relative-1000`
-    coordinates, 0-1000 on each axis whatever its size), a short thought when one is
-    allowed, in `c.action_format`."""
+    coordinates, the profile's or the format's, 0-1000 on each axis whatever its size),
+    a short thought when one is allowed, in `c.action_format`."""
     last = request.images[-1] if request.images else None
     width, height = (last.width, last.height) if last is not None else DEFAULT_FRAME
-    if coords == "relative-1000":
+    if (FORMAT_COORDS[c.action_format] or coords) == "relative-1000":
         width = height = RELATIVE_SCALE + 1  # 1000 itself is a point a model may name
     kinds = rng.choices(ACTION_KINDS, ACTION_WEIGHTS, k=c.chunk)
     actions = tuple(sim_action(k, width, height, rng) for k in kinds)
