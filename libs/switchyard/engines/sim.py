@@ -78,7 +78,14 @@ from switchyard.engines.base import (
     EngineStats,
 )
 from switchyard.engines.prefix_cache import BlockCache, block_hashes
-from switchyard.engines.sim_output import CONSTRAINED_PLACEHOLDER, SimOutput, plan_output
+from switchyard.engines.sim_output import (
+    CONSTRAINED_PLACEHOLDER,
+    PROMPT_LOOKUP,
+    DraftStep,
+    SimOutput,
+    ngram_steps,
+    plan_output,
+)
 from switchyard.engines.sim_tokens import pseudo_tokens, render_prompt
 from switchyard.logging import get_logger
 from switchyard.messages.inference import FinishReason, ModelledTimings
@@ -191,6 +198,13 @@ class SimSettings(SectionSettings):
     image_min_pixels: int = Field(default=4 * 28 * 28, ge=1, description="small frames up to (vlm)")
     # What `VllmSettings.max_pixels` passes to vLLM, whatever the model.
     image_max_pixels: int = Field(default=1280 * 28 * 28, ge=1)
+    # vLLM's n-gram speculative decoding (`VllmSettings.speculative_tokens`, the same names):
+    # up to `speculative_tokens` drafted per decode step from a prompt lookup of
+    # `prompt_lookup_min`..`prompt_lookup_max` tokens (`sim_output.ngram_steps`). Off by
+    # default: measured, it does not pay for agent answers (README, "Agent steps").
+    speculative_tokens: int = Field(default=0, ge=0, le=16, description="n-gram drafts; 0 off")
+    prompt_lookup_min: int = Field(default=PROMPT_LOOKUP[0], ge=1)
+    prompt_lookup_max: int = Field(default=PROMPT_LOOKUP[1], ge=1)
     seed: int = Field(default=0, ge=0)
     timings_history: int = Field(default=4096, ge=0, description="finished requests to remember")
 
@@ -264,6 +278,9 @@ class SimTimings:
     # part split evenly, its own prefill chunks in full). Summed over a worker's requests
     # it is the GPU's busy time, which waiting behind other prefills is not.
     gpu: float = 0.0
+    # Speculative decoding: tokens drafted for it and accepted of them.
+    drafted: int = 0
+    accepted: int = 0
 
     @property
     def uncached_tokens(self) -> int:
@@ -296,6 +313,14 @@ class _Seq:
     emitted: int = 0
     first_token_at: float | None = None
     gpu: float = 0.0  # its share of the steps it ran in (`SimTimings.gpu`)
+    spec: tuple[DraftStep, ...] = ()  # its decode steps under speculation (none: 1 token each)
+    steps: int = 0  # steps that emitted tokens
+    drafted: int = 0
+    accepted: int = 0
+
+    def draft(self) -> int:
+        """Tokens drafted for its next decode step (each is verified, like a prefill token)."""
+        return self.spec[self.steps - 1].drafted if 0 < self.steps <= len(self.spec) else 0
 
 
 class DecodeFigures(Protocol):
@@ -463,6 +488,10 @@ class SimEngine:
                 code="context_length",
             )
         output = plan_output(request, self._rng_for(request, tokens), vlm_profile(s.vlm).coords)
+        spec: tuple[DraftStep, ...] = ()
+        if s.speculative_tokens:
+            lookup = (s.speculative_tokens, s.prompt_lookup_min, s.prompt_lookup_max)
+            spec = ngram_steps(tokens, output.pieces, *lookup)
         total_blocks = -(-(len(tokens) + len(output.pieces)) // s.block_size)
         if total_blocks > self._cache.num_blocks:
             raise EngineError(
@@ -476,6 +505,7 @@ class SimEngine:
             output=output,
             total_blocks=total_blocks,
             arrival=self._arrival_time(),
+            spec=spec,
         )
         if not self._running and self._step is None:
             self._now = max(self._now, seq.arrival)  # an idle engine starts now
@@ -553,7 +583,7 @@ class SimEngine:
         """The next step: every decoding sequence, then prefill chunks in admission order
         within what is left of the token budget (the last one cut to fit)."""
         decoding = [q for q in self._running if q.state == "decode"]
-        budget = self.settings.max_num_batched_tokens - len(decoding)
+        budget = self.settings.max_num_batched_tokens - sum(1 + q.draft() for q in decoding)
         chunks: list[tuple[_Seq, int]] = []
         for q in self._running:
             if budget <= 0:
@@ -566,7 +596,10 @@ class SimEngine:
 
     async def _run_step(self, decoding: list[_Seq], chunks: list[tuple[_Seq, int]]) -> None:
         start = self._now
-        end = start + self.step_time(len(decoding) + len(chunks), sum(n for _, n in chunks))
+        # Drafted tokens are verified in the step's forward pass: compute, like prefill.
+        drafted = sum(q.draft() for q in decoding)
+        prefill = sum(n for _, n in chunks) + drafted
+        end = start + self.step_time(len(decoding) + len(chunks), prefill)
         self._step = (start, end)
         try:
             await self._sleep_until(end)
@@ -577,7 +610,7 @@ class SimEngine:
         # sequences in it, each prefill chunk's part to its own sequence.
         shared = self.tpot(len(decoding) + len(chunks)) / (len(decoding) + len(chunks))
         for seq in decoding:
-            seq.gpu += shared
+            seq.gpu += shared + seq.draft() * self.settings.prefill_cost_per_token
         for seq, n in chunks:
             seq.gpu += shared + n * self.settings.prefill_cost_per_token
         for seq in decoding:
@@ -625,9 +658,19 @@ class SimEngine:
         seq.state = "decode"
 
     def _emit(self, seq: _Seq) -> None:
+        """The tokens of its step: one, or under speculation the accepted drafts and one."""
         pieces = seq.output.pieces
-        text = pieces[seq.emitted]
-        seq.emitted += 1
+        n = 1
+        if 0 < seq.steps <= len(seq.spec):
+            step = seq.spec[seq.steps - 1]
+            n, seq.drafted, seq.accepted = (
+                step.emitted,
+                seq.drafted + step.drafted,
+                seq.accepted + step.accepted,
+            )
+        seq.steps += 1
+        text = "".join(pieces[seq.emitted : seq.emitted + n])
+        seq.emitted += n
         if seq.first_token_at is None:
             seq.first_token_at = self._now
         last = seq.emitted == len(pieces)
@@ -689,6 +732,8 @@ class SimEngine:
             finish_reason=reason,
             calibration=self._calibration,
             gpu=seq.gpu,
+            drafted=seq.drafted,
+            accepted=seq.accepted,
         )
         while len(self._timings) > keep:
             self._timings.popitem(last=False)
