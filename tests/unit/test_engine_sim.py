@@ -813,3 +813,15 @@ async def test_speculation_emits_the_same_answer_in_fewer_steps_at_a_verify_cost
     decode_steps = len(spec) - 1
     expected = t3.prefill + decode_steps * eng3.tpot(1) + t3.drafted * s.prefill_cost_per_token
     assert t3.total == pytest.approx(expected)
+
+
+def test_the_acceptance_bench_finds_json_templates_more_predictable_than_compact() -> None:
+    """`bench.specaccept` on a short episode: JSON's keys are in the prompt, compact's
+    numbers are not. A step emits its accepted drafts and one more token, but for the
+    last, whose drafts may be all that is left."""
+    from switchyard.bench.specaccept import measure
+
+    js, compact = (measure(f, 2, 1, 3, episodes=1, steps=6) for f in ("json", "compact"))
+    for a in (js, compact):
+        assert a.steps <= a.emitted <= a.steps + a.accepted and 0 <= a.accepted <= a.drafted
+    assert js.rate > compact.rate and js.tokens_per_step > compact.tokens_per_step

@@ -28,6 +28,12 @@ engine runs in steps, as vLLM's scheduler does with chunked prefill (on by defau
   step that carries its last chunk emits its first token, each later step one more.
   So TTFT = queue + alignment + the steps until its prefill is done; the timings
   (`SimTimings`) keep queue, prefill (step boundary -> first token) and the rest.
+- Speculative decoding (`speculative_tokens` > 0, vLLM's n-gram proposer): a decoding
+  sequence's step verifies the tokens drafted for it (`sim_output.ngram_steps`, planned
+  with its output) and emits the accepted ones and one more; each drafted token takes
+  one token of the step's budget and costs `prefill_cost_per_token`, as the forward
+  pass computes it like a prefill token (an additive upper bound: at a small batch a
+  real decode step has idle compute to verify in).
 - Timings are exact and deterministic at delay_scale 0 (arrivals then land on step
   boundaries); above 0 an arrival lands where the wall clock puts it in the step
   under way, so alignment averages half a step.
