@@ -233,7 +233,8 @@ BAD_GRID = [
 
 @pytest.mark.parametrize(
     ("fmt", "text"),
-    [("compact", t) for t in BAD_COMPACT] + [("json", t) for t in BAD_JSON]
+    [("compact", t) for t in BAD_COMPACT]
+    + [("json", t) for t in BAD_JSON]
     + [("grid", t) for t in BAD_GRID],
 )
 def test_bad_answers_are_typed_errors_and_outside_the_grammar(fmt: ActionFormat, text: str) -> None:

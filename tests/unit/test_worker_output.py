@@ -13,7 +13,6 @@ import pytest
 
 from services.worker.output import AgentAnswer, Cut, agent_answer
 from switchyard.agentactions import (
-    ACTION_FORMATS,
     ActionFormatError,
     Answer,
     encode_answer,

@@ -25,7 +25,6 @@ from switchyard.agentactions import answer_token_budget, parse_answer_text
 from switchyard.agentprompt import fit, visual_tokens
 from switchyard.engines.base import Delta, EngineRequest
 from switchyard.engines.vllm import VllmEngine, chat_conversation
-from switchyard.vlmgeometry import PROFILES
 from switchyard.messages.inference import (
     ActionsConstraint,
     ChatMessage,
@@ -36,6 +35,7 @@ from switchyard.messages.inference import (
     Sampling,
     TextPart,
 )
+from switchyard.vlmgeometry import PROFILES
 
 from .conftest import VISION_MAX_PIXELS
 
@@ -165,7 +165,9 @@ async def test_fitted_frames_pass_through_unchanged(
     w, h = fit(*size, VISION_MAX_PIXELS, PATCH)
     request = agent_request(f"fitted-{w}x{h}", (frame(4, w, h),))
     deltas = await run(vision_engine, request)
-    assert visual_tokens_seen(tokenizer, request, deltas[-1].prompt_tokens) == visual_tokens(w, h, PATCH)
+    assert visual_tokens_seen(tokenizer, request, deltas[-1].prompt_tokens) == visual_tokens(
+        w, h, PATCH
+    )
 
 
 @pytest.mark.parametrize("size", [(1080, 1920), (1440, 2560), (360, 640), (500, 900)])
