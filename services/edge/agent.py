@@ -81,7 +81,8 @@ class AgentStepResponse(BaseModel):
     frame_ts: float
     answer: Any = Field(
         description="the answer exactly as constrained: the action JSON (answer_schema), or "
-        "for action_format `compact` its text, one action a line"
+        "for action_format `compact` or `grid` its text, one action a line (`grid`'s points "
+        "stay on its 0-999 grid; `actions` are in the phone's pixels)"
     )
     actions: list[Action]
     thought: str | None = None
@@ -203,7 +204,7 @@ def response_of(
     return AgentStepResponse(
         request_id=result.request_id, status="ok", session=fields.session, step=fields.step,
         frame_ts=fields.frame_ts,
-        # JSON: the object as the model wrote it; compact: its lines, as one string.
+        # JSON: the object as the model wrote it; compact, grid: its lines, as one string.
         answer=json.loads(result.text) if fmt == "json" else result.text,
         actions=result.actions, thought=result.thought, worker=result.worker,
         usage=result.usage,

@@ -7,15 +7,17 @@ may start `click 520 1180`) or not in the step's language, it is cut: the runner
 `answer_cut`, never part of an action to a phone. Whole, its points are mapped to the
 phone's pixels (`agentprompt.Geometry`, by the request's VLM profile) and it is written
 again in its format (`agentactions.encode_answer`): a text the grammar admits comes back
-byte for byte but for its points.
+byte for byte but for its points (`grid`: byte for byte, its points on the grid).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, NamedTuple
 
 from switchyard.agentactions import (
+    FORMAT_COORDS,
     ActionFormatError,
     Answer,
     encode_answer,
@@ -56,7 +58,12 @@ def agent_answer(
         answer = parse_answer_text(text, fmt, chunk=c.chunk, thought=c.thought)
         if frame is None:
             return AgentAnswer(answer, text)
-        mapped = map_points(answer, Geometry.of(frame).to_original)
+        to = partial(Geometry.of(frame).to_original, coords=FORMAT_COORDS[fmt])
+        mapped = map_points(answer, to)
+        if fmt == "grid":
+            # The grid's digits cannot name a phone's pixel: its text stays the model's (on
+            # the grid), the actions the phone executes are in its pixels.
+            return AgentAnswer(mapped, text)
         # JSON in the step's shape (`answer_schema(chunk, thought)`, the one its grammar
         # allows). An answer the format cannot write again (a JSON thought with a control
         # character: no grammar admits one) is refused like any other.

@@ -30,7 +30,8 @@ SCREENS = (
     "The main menu: a PLAY button at 640, 600 and a shop icon at 80, 80.",
 )
 SHAPES: list[tuple[ActionFormat, int, bool]] = [
-    ("compact", 1, False), ("compact", 3, True), ("json", 2, True),
+    ("compact", 1, False), ("compact", 3, True), ("json", 2, True), ("grid", 1, False),
+    ("grid", 3, True),
 ]  # fmt: skip
 
 

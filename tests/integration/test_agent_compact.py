@@ -12,6 +12,7 @@ import base64
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 
 import httpx
 import pytest
@@ -23,7 +24,12 @@ from services.preprocessor.images import PreparedFrame, prepare_frame
 from services.preprocessor.settings import PreprocessorSettings
 from services.worker import metrics as worker_metrics
 from switchyard import subjects
-from switchyard.agentactions import answer_token_budget, parse_actions, parse_answer_text
+from switchyard.agentactions import (
+    answer_token_budget,
+    map_points,
+    parse_actions,
+    parse_answer_text,
+)
 from switchyard.agentprompt import Geometry
 from switchyard.bus.connection import Bus, connect
 from switchyard.codec import decode
@@ -171,6 +177,31 @@ async def test_the_edge_returns_compact_text_and_its_parsed_actions(fleet: Fleet
             assert len(actions) == 2 and out["thought"] is None
             for x, y in points(list(actions)):
                 assert 0 <= x < ORIGINAL[0] and 0 <= y < ORIGINAL[1]
+
+
+async def test_the_edge_returns_grid_text_and_its_actions_in_the_phones_pixels(
+    fleet: Fleet,
+) -> None:
+    """`grid`: the text is the model's, on its 0-999 grid; the actions are that text
+    mapped to the phone's pixels (the grid is 0..1000 whatever the pool's profile)."""
+    session = f"ep-{new_id()[-8:]}"
+    geometry = Geometry(*ORIGINAL, *ORIGINAL)
+    async with httpx.AsyncClient(base_url=fleet.edge, timeout=60) as http:
+        for k in range(3):
+            body = {
+                "frames": [{"data": base64.b64encode(frame(k)).decode(), "mime": "image/png"}],
+                "session": session, "frame_ts": time.time(), "stale_after": 120.0, "step": k,
+                "options": {"action_format": "grid", "chunk": 3},
+            }  # fmt: skip
+            resp = await http.post(
+                "/v1/agent/step", json=body, headers={"Authorization": f"Bearer {KEY}"}
+            )
+            assert resp.status_code == 200, resp.text
+            out = resp.json()
+            grid = parse_answer_text(out["answer"], "grid", chunk=3, thought=False)
+            to = partial(geometry.to_original, coords="relative-1000")
+            assert [a.model_dump() for a in map_points(grid, to).actions] == out["actions"]
+            assert len(out["actions"]) == 3
 
 
 async def test_a_cut_answer_is_a_typed_error_and_counted(fleet: Fleet) -> None:

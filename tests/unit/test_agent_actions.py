@@ -5,6 +5,7 @@ valid answers (the worker's output step, cut answers and mapping: test_worker_ou
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 
@@ -15,6 +16,7 @@ from services.worker.output import Cut, agent_answer
 from switchyard.agentactions import (
     ACTION_FORMATS,
     COORD,
+    GRID_DURATIONS_MS,
     MAX_TYPED_CHARS,
     PRESS_MS,
     SWIPE_MS,
@@ -40,6 +42,7 @@ from switchyard.messages.agent import (
     Back,
     ChunkAnswer,
     Click,
+    Done,
     LongPress,
     Swipe,
     TypeText,
@@ -47,6 +50,7 @@ from switchyard.messages.agent import (
     answer_schema,
 )
 from switchyard.messages.inference import ActionsConstraint, ChatMessage, Image, Sampling
+from switchyard.vlmgeometry import RELATIVE_SCALE
 
 SHAPES = [(f, k, t) for f in ACTION_FORMATS for k in range(1, MAX_CHUNK + 1) for t in (False, True)]
 
@@ -66,7 +70,10 @@ def sim_answers(n: int, seed: int = 1) -> list[tuple[ActionFormat, int, bool, st
 # -- round trips ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", ACTION_FORMATS)
+EXACT: tuple[ActionFormat, ...] = ("json", "compact")  # the formats that hold any action
+
+
+@pytest.mark.parametrize("fmt", EXACT)
 def test_every_action_round_trips_and_matches_the_grammar(fmt: ActionFormat) -> None:
     rng = random.Random(3)
     for kind in ACTION_KINDS:
@@ -84,11 +91,12 @@ def test_sim_answers_parse_match_the_regex_and_fill_the_chunk() -> None:
         assert len(answer.actions) == k
         assert (answer.thought is not None) == thought
         assert re.fullmatch(answer_regex(fmt, k, thought), text), text
+        w, h = (1260, 700) if fmt != "grid" else (RELATIVE_SCALE, RELATIVE_SCALE)  # 0..999
         for a in answer.actions:
             d = a.model_dump()
             for kx, ky in (("x", "y"), ("x1", "y1"), ("x2", "y2")):
                 if kx in d:
-                    assert 0 <= d[kx] < 1260 and 0 <= d[ky] < 700
+                    assert 0 <= d[kx] < w and 0 <= d[ky] < h
         wrapped = is_wrapped(k, thought)
         assert encode_answer(answer, fmt, wrapped=wrapped) == text
         if fmt == "json":  # the JSON contract: pydantic parse and the published schema agree
@@ -114,6 +122,53 @@ def test_compact_examples() -> None:
     assert encode_answer(Answer((Click(x=0, y=16384),)), "compact") == "click 0 16384"
 
 
+def test_every_grid_action_round_trips_on_the_grid_and_matches_the_grammar() -> None:
+    """Any action (points on the 0..1000 scale) -> its grid text, which parses to the action
+    rounded to the grid and encodes again to itself; every digit of every field."""
+    rng = random.Random(4)
+    for kind in ACTION_KINDS:
+        for _ in range(200):
+            action = sim_action(kind, RELATIVE_SCALE + 1, RELATIVE_SCALE + 1, rng)
+            if isinstance(action, LongPress | Swipe | Wait):
+                action = action.model_copy(update={"ms": rng.randint(1, 10_000)})
+            text = encode_answer(Answer((action,)), "grid")
+            assert re.fullmatch(answer_regex("grid"), text), text
+            parsed = parse_answer_text(text, "grid")
+            assert encode_answer(parsed, "grid") == text
+            (back,) = parsed.actions
+            assert back.type == action.type
+            d, e = back.model_dump(), action.model_dump()
+            for f, v in e.items():
+                if f in ("x", "y"):  # three digits: the point itself (1000 is 999)
+                    assert d[f] == min(v, 999)
+                elif f in ("x1", "y1", "x2", "y2"):  # two: its 1 % cell's centre
+                    assert d[f] == v // 10 * 10 + 5 if v < 1000 else d[f] == 995
+                elif f == "ms":  # the nearest duration of the table, on a log scale
+                    assert d[f] in GRID_DURATIONS_MS
+                    assert all(abs(math.log(d[f] / v)) <= abs(math.log(t / v)) + 1e-12
+                               for t in GRID_DURATIONS_MS)  # fmt: skip
+                else:
+                    assert d[f] == v
+    for i, ms in enumerate(GRID_DURATIONS_MS):
+        assert parse_actions(f"wait{i}", "grid") == [Wait(ms=ms)]
+        assert encode_answer(Answer((Wait(ms=ms),)), "grid") == f"wait{i}"
+
+
+def test_grid_examples() -> None:
+    text = "# close it\nclick520380\nhold1002004\ndrag508050202\ntype hi"
+    answer = parse_answer_text(text, "grid")
+    assert answer.thought == "close it"
+    assert answer.actions == (
+        Click(x=520, y=380), LongPress(x=100, y=200, ms=800),
+        Swipe(x1=505, y1=805, x2=505, y2=205, ms=300), TypeText(text="hi"),
+    )  # fmt: skip
+    assert encode_answer(answer, "grid") == text
+    assert re.fullmatch(answer_regex("grid", 4, True), text)
+    assert not re.fullmatch(answer_regex("grid", 3, True), text)
+    assert parse_actions("wait3\nback\ndone", "grid") == [Wait(ms=500), Back(), Done()]
+    assert encode_answer(Answer((Click(x=1000, y=0),)), "grid") == "click999000"
+
+
 def test_json_may_leave_ms_out_and_parse_accepts_whitespace() -> None:
     text = '{"type":"long_press","x":1,"y":2}'
     assert re.fullmatch(answer_regex("json"), text)
@@ -128,7 +183,7 @@ def test_bounds_come_from_the_models() -> None:
     assert COORD == (0, 16384) and PRESS_MS == SWIPE_MS == (1, 10_000) and WAIT_MS == (1, 60_000)
 
 
-@pytest.mark.parametrize("fmt", ACTION_FORMATS)
+@pytest.mark.parametrize("fmt", EXACT)
 def test_the_grammar_admits_exactly_the_models_numbers(fmt: ActionFormat) -> None:
     rx = re.compile(answer_regex(fmt))
 
@@ -167,8 +222,20 @@ BAD_JSON = [
 ]  # fmt: skip
 
 
+BAD_GRID = [
+    "", "click", "click52038", "click5203800", "click 520 380", "click520 380", "Click520380",
+    "hold520380", "hold52038044", "drag50805020", "drag5080502033", "drag 508050202",
+    "wait", "wait10", "wait 3", "back1", "done0", "type", "typehello", "tap520380",
+    "swipe508050202", "long_press5203804", "click520380\n", "#\nback", "# \nback",
+    "back\n\nback", "\n".join(["back"] * (MAX_CHUNK + 1)), "click-20380",
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("fmt", "text"), [("compact", t) for t in BAD_COMPACT] + [("json", t) for t in BAD_JSON]
+    ("fmt", "text"),
+    [("compact", t) for t in BAD_COMPACT]
+    + [("json", t) for t in BAD_JSON]
+    + [("grid", t) for t in BAD_GRID],
 )
 def test_bad_answers_are_typed_errors_and_outside_the_grammar(fmt: ActionFormat, text: str) -> None:
     with pytest.raises(ActionFormatError):
@@ -259,7 +326,8 @@ async def test_the_sim_engine_answers_valid_actions_with_their_token_count() -> 
             answer = parse_answer_text(text, fmt, chunk=k, thought=thought)
             assert len(answer.actions) == k
             points = [v for a in answer.actions for f, v in a.model_dump().items() if f != "ms"]
-            assert all(v < 308 for v in points if isinstance(v, int))
+            side = 308 if fmt != "grid" else RELATIVE_SCALE  # grid: 0..999 whatever the profile
+            assert all(v < side for v in points if isinstance(v, int))
         # Below the derived budget it is cut, as a real engine would be.
         short = EngineRequest(request_id="cut", images=(frame,), prompt="x",
                               sampling=Sampling(max_tokens=3),

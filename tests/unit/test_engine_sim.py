@@ -926,3 +926,70 @@ def test_precision_is_a_preset_setting_and_fp8_needs_a_card_with_fp8(
     monkeypatch.setenv("SY_SIM_GPU", "a100")
     with pytest.raises(ValidationError, match="no FP8 tensor math"):
         SimSettings()
+
+
+# -- speculative decoding ----------------------------------------------------------------
+
+
+def test_ngram_steps_propose_what_followed_the_longest_earliest_match() -> None:
+    from switchyard.engines.sim_output import DraftStep, ngram_steps
+
+    context = ["a", "b", "c", "d", "x", "b", "c", "e", "a", "b"]
+    # Suffix "a b" (2 tokens) first occurs at 0: proposes "c d x"; the answer goes on
+    # "c d y": 2 accepted, then the step's own token ("y"), 3 emitted.
+    steps = ngram_steps(context, ["q", "c", "d", "y", "z"], k=3, n_min=1, n_max=2)
+    assert steps[0] == DraftStep(drafted=0, accepted=0, emitted=1)  # "q": nothing before
+    out = ngram_steps(context, ["a", "b", "c", "d", "y"], k=3, n_min=1, n_max=3)
+    # after "...e a b" + "a": the longest earlier suffix is "a" (at 0) -> "b c d", all right:
+    assert out[0] == DraftStep(drafted=3, accepted=3, emitted=4)
+    assert sum(s.emitted for s in out) == 4  # every token after the first, once
+    # k caps the draft, n_min excludes shorter matches, and no match drafts nothing
+    assert ngram_steps(["a", "b", "c"], ["a", "b", "c"], 1, 1, 1)[0] == DraftStep(1, 1, 2)
+    assert ngram_steps(["a", "b", "c"], ["a", "b", "c"], 2, 2, 2)[0] == DraftStep(0, 0, 1)
+    # visual tokens never match (an answer holds none)
+    img = ["<img:h:0>", "<img:h:1>", "k"]
+    assert ngram_steps(img, ["w", "w", "w"], 2, 1, 2)[0].drafted == 0
+
+
+async def test_speculation_emits_the_same_answer_in_fewer_steps_at_a_verify_cost() -> None:
+    """A JSON agent answer whose template is in the prompt: same text, fewer decode steps,
+    each step's drafted tokens computed like prefill (exact at delay_scale 0)."""
+    from switchyard.agentactions import ANSWER_INSTRUCTIONS
+    from switchyard.messages.inference import ActionsConstraint
+
+    prompt = ANSWER_INSTRUCTIONS["json"] + ' before: {"type":"click","x":12,"y":34}'
+    req = EngineRequest(
+        request_id="spec", messages=(ChatMessage(role="user", content=prompt),),
+        sampling=Sampling(max_tokens=64), constraint=ActionsConstraint(action_format="json"),
+    )  # fmt: skip
+    runs = {}
+    for k in (0, 3):
+        eng = SimEngine(SimSettings(delay_scale=0.0, speculative_tokens=k))
+        await eng.start()
+        try:
+            deltas = [d async for d in eng.generate(req)]
+            runs[k] = (deltas, eng.timings("spec"), eng)
+        finally:
+            await eng.close()
+    (plain, t0, _), (spec, t3, eng3) = runs[0], runs[3]
+    assert "".join(d.text for d in spec) == "".join(d.text for d in plain)
+    assert spec[-1].completion_tokens == plain[-1].completion_tokens
+    assert t0 is not None and t3 is not None and t0.drafted == 0
+    assert 0 < t3.accepted <= t3.drafted
+    assert len(spec) == len(plain) - t3.accepted  # each accepted token saves one step
+    s = eng3.settings
+    decode_steps = len(spec) - 1
+    expected = t3.prefill + decode_steps * eng3.tpot(1) + t3.drafted * s.prefill_cost_per_token
+    assert t3.total == pytest.approx(expected)
+
+
+def test_the_acceptance_bench_finds_json_templates_more_predictable_than_compact() -> None:
+    """`bench.specaccept` on a short episode: JSON's keys are in the prompt, compact's
+    numbers are not. A step emits its accepted drafts and one more token, but for the
+    last, whose drafts may be all that is left."""
+    from switchyard.bench.specaccept import measure
+
+    js, compact = (measure(f, 2, 1, 3, episodes=1, steps=6) for f in ("json", "compact"))
+    for a in (js, compact):
+        assert a.steps <= a.emitted <= a.steps + a.accepted and 0 <= a.accepted <= a.drafted
+    assert js.rate > compact.rate and js.tokens_per_step > compact.tokens_per_step

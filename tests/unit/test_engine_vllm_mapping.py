@@ -596,6 +596,16 @@ async def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     s = VllmSettings()
     assert (s.max_num_seqs, s.limit_mm_per_prompt, s.kv_cache_dtype) == (32, {"image": 1}, "auto")
     assert "max_loras" not in engine_args_kwargs(s)  # LoRA off: no LoRA arguments
+    assert "speculative_config" not in engine_args_kwargs(s)  # speculation off by default
+
+
+def test_ngram_speculation_is_vllms_speculative_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SY_VLLM_SPECULATIVE_TOKENS", "3")
+    monkeypatch.setenv("SY_VLLM_PROMPT_LOOKUP_MAX", "4")
+    assert engine_args_kwargs(VllmSettings())["speculative_config"] == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+        "prompt_lookup_max": 4,
+    }  # fmt: skip
 
 
 # -- request mapping ----------------------------------------------------------

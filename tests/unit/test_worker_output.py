@@ -13,7 +13,6 @@ import pytest
 
 from services.worker.output import AgentAnswer, Cut, agent_answer
 from switchyard.agentactions import (
-    ACTION_FORMATS,
     ActionFormatError,
     Answer,
     encode_answer,
@@ -36,6 +35,7 @@ from switchyard.messages.agent import (
 from switchyard.messages.inference import ActionsConstraint, FrameGeometry, Image
 from switchyard.vlmgeometry import vlm_profile
 from tests.support.agentanswers import old_mapping
+from tests.unit.test_agent_actions import sim_answers
 
 # 720p seen as 308x168 (pixels), and a tall phone seen as 704x1280 (0-1000).
 PIXELS = Geometry(orig_width=1280, orig_height=720, width=308, height=168, vlm="qwen2.5-vl")
@@ -176,13 +176,40 @@ def test_answers_map_in_both_formats_for_a_relative_profile() -> None:
 
 
 @pytest.mark.parametrize("g", [PIXELS, RELATIVE], ids=["pixels", "relative"])
+def test_grid_answers_map_from_the_grid_for_every_profile_and_keep_their_text(
+    g: Geometry,
+) -> None:
+    """The grid is 0..1000 whatever the profile: a pixel profile's answer maps the same."""
+    text = "# swipe up\nclick500250\ndrag509050103\nhold9990000"
+    out = whole(text, g, "grid", chunk=3, thought=True)
+    assert out.text == text  # the model's own text; the actions are the phone's pixels
+    w, h = g.orig_width, g.orig_height
+    assert out.answer.actions == (
+        Click(x=500 * w // 1000, y=250 * h // 1000),
+        Swipe(x1=505 * w // 1000, y1=905 * h // 1000, x2=505 * w // 1000, y2=105 * h // 1000,
+              ms=500),
+        LongPress(x=999 * w // 1000, y=0, ms=100),
+    )  # fmt: skip
+    assert out.answer.thought == "swipe up"
+    for fmt, k, thought, answer in sim_answers(5):
+        if fmt == "grid":
+            c = ActionsConstraint(action_format=fmt, chunk=k, thought=thought)
+            mapped = agent_answer(answer, "stop", c, g.frame_geometry())
+            assert isinstance(mapped, AgentAnswer) and mapped.text == answer
+            for a in mapped.answer.actions:
+                for kx, ky in (("x", "y"), ("x1", "y1"), ("x2", "y2")):
+                    if kx in type(a).model_fields:
+                        assert 0 <= getattr(a, kx) < w and 0 <= getattr(a, ky) < h
+
+
+@pytest.mark.parametrize("g", [PIXELS, RELATIVE], ids=["pixels", "relative"])
 def test_every_sim_answer_maps_to_the_text_the_worker_wrote_before(g: Geometry) -> None:
     rng = random.Random(7)
     frame = Image(hash="ab" * 16, data=b"x", mime="image/jpeg", width=g.width, height=g.height)
     req = EngineRequest(request_id="r", images=(frame,))
     coords = vlm_profile(g.vlm).coords
     fg: FrameGeometry = g.frame_geometry()
-    for fmt in ACTION_FORMATS:
+    for fmt in ("json", "compact"):  # the formats that write pixels again (grid: below)
         for chunk in range(1, MAX_CHUNK + 1):
             for thought in (False, True):
                 c = ActionsConstraint(action_format=fmt, chunk=chunk, thought=thought)

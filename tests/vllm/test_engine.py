@@ -143,7 +143,7 @@ async def test_regex_constraint(engine: VllmEngine) -> None:
     assert re.fullmatch(r"20\d{2}-[01]\d", text_of(deltas))
 
 
-@pytest.mark.parametrize("fmt", ["compact", "json"])
+@pytest.mark.parametrize("fmt", ["compact", "grid", "json"])
 async def test_agent_actions_are_whole_answers_of_the_step_format(
     engine: VllmEngine, fmt: str
 ) -> None:
@@ -341,3 +341,24 @@ async def test_a_broken_constraint_is_refused_and_the_engine_lives_on(
     assert not engine._llm.errored
     ok = await run(engine, chat(f"after-broken-{constraint.type}", max_tokens=4))
     assert ok[-1].finish_reason == "length"
+
+
+async def test_ngram_speculation_reaches_vllm_and_keeps_answers_whole(vllm_model: Path) -> None:
+    """`speculative_tokens` starts vLLM with its n-gram proposer (the engine's own config
+    says so), and a step's answer under speculation is still one of its language."""
+    from tests.vllm.conftest import engine_settings
+
+    eng = VllmEngine(engine_settings(vllm_model, speculative_tokens=2))
+    await eng.start()
+    try:
+        spec = eng._llm.vllm_config.speculative_config
+        assert (spec.method, spec.num_speculative_tokens) == ("ngram", 2)
+        assert (spec.prompt_lookup_min, spec.prompt_lookup_max) == (1, 3)
+        constraint = ActionsConstraint(action_format="json")
+        text = '{"type":"click","x":10,"y":20} was the last action. Act again.'
+        deltas = await run(eng, chat("spec-0", text, max_tokens=answer_token_budget("json"),
+                                     constraint=constraint))  # fmt: skip
+        assert deltas[-1].finish_reason == "stop", text_of(deltas)
+        assert len(parse_answer_text(text_of(deltas), "json").actions) == 1
+    finally:
+        await eng.close()

@@ -451,7 +451,9 @@ def frame_pool(cfg: AgentSimConfig, phone: int) -> list[bytes]:
 
 def history_entry(actions: Sequence[Action], fmt: ActionFormat) -> str:
     """A step's actions as the phone records them: each in the step's format, joined by
-    `; ` (one line per step, as the prompt numbers them)."""
+    `; ` (one line per step, as the prompt numbers them). `grid` cannot write a phone's
+    pixels: its steps are recorded as `compact` lines."""
+    fmt = "compact" if fmt == "grid" else fmt
     return "; ".join(encode_answer(Answer((a,)), fmt) for a in actions)
 
 

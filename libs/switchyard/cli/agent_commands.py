@@ -63,7 +63,7 @@ def agent_sim(
         DEFAULT_WINDOW, min=1, max=MAX_WINDOW, help="--layout window: frames per window"
     ),
     action_format: str = typer.Option(
-        DEFAULT_ACTION_FORMAT, help="answers as compact lines or json"
+        DEFAULT_ACTION_FORMAT, help="answers as compact lines, grid lines or json"
     ),
     gpu: str | None = typer.Option(
         None, help="sim calibration a100|h100|rtx5090 of the started workers (SY_SIM_GPU)"

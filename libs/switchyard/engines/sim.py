@@ -37,6 +37,12 @@ engine runs in steps, as vLLM's scheduler does with chunked prefill (on by defau
   schedule order, never re-sorted). vLLM's other priority behaviour, preempting the
   lowest-priority running request when KV blocks run out, is not modelled: the sim
   reserves a request's blocks at admission, so a running request never runs out.
+- Speculative decoding (`speculative_tokens` > 0, vLLM's n-gram proposer): a decoding
+  sequence's step verifies the tokens drafted for it (`sim_output.ngram_steps`, planned
+  with its output) and emits the accepted ones and one more; each drafted token takes
+  one token of the step's budget and costs `prefill_cost_per_token`, as the forward
+  pass computes it like a prefill token (an additive upper bound: at a small batch a
+  real decode step has idle compute to verify in).
 - Timings are exact and deterministic at delay_scale 0 (arrivals then land on step
   boundaries); above 0 an arrival lands where the wall clock puts it in the step
   under way, so alignment averages half a step.
@@ -110,7 +116,14 @@ from switchyard.engines.base import (
     SchedulingPolicy,
 )
 from switchyard.engines.prefix_cache import BlockCache, block_hashes
-from switchyard.engines.sim_output import CONSTRAINED_PLACEHOLDER, SimOutput, plan_output
+from switchyard.engines.sim_output import (
+    CONSTRAINED_PLACEHOLDER,
+    PROMPT_LOOKUP,
+    DraftStep,
+    SimOutput,
+    ngram_steps,
+    plan_output,
+)
 from switchyard.engines.sim_tokens import pseudo_tokens, render_prompt
 from switchyard.logging import get_logger
 from switchyard.messages.inference import FinishReason, ModelledTimings
@@ -248,6 +261,13 @@ class SimSettings(SectionSettings):
     image_min_pixels: int = Field(default=4 * 28 * 28, ge=1, description="small frames up to (vlm)")
     # What `VllmSettings.max_pixels` passes to vLLM, whatever the model.
     image_max_pixels: int = Field(default=1280 * 28 * 28, ge=1)
+    # vLLM's n-gram speculative decoding (`VllmSettings.speculative_tokens`, the same names):
+    # up to `speculative_tokens` drafted per decode step from a prompt lookup of
+    # `prompt_lookup_min`..`prompt_lookup_max` tokens (`sim_output.ngram_steps`). Off by
+    # default: measured, it does not pay for agent answers (README, "Agent steps").
+    speculative_tokens: int = Field(default=0, ge=0, le=16, description="n-gram drafts; 0 off")
+    prompt_lookup_min: int = Field(default=PROMPT_LOOKUP[0], ge=1)
+    prompt_lookup_max: int = Field(default=PROMPT_LOOKUP[1], ge=1)
     seed: int = Field(default=0, ge=0)
     active_session_s: float = Field(
         default=30.0, gt=0, description="a session with one step stays active this long"
@@ -337,6 +357,9 @@ class SimTimings:
     gpu: float = 0.0
     # KV blocks of active sessions (see the module docstring) its admission evicted.
     evicted_active: int = 0
+    # Speculative decoding: tokens drafted for it and accepted of them.
+    drafted: int = 0
+    accepted: int = 0
 
     @property
     def uncached_tokens(self) -> int:
@@ -378,6 +401,14 @@ class _Seq:
 
     session: str | None = None  # tenant and session, the owner of the blocks it holds
     evicted_active: int = 0  # `SimTimings.evicted_active`
+    spec: tuple[DraftStep, ...] = ()  # its decode steps under speculation (none: 1 token each)
+    steps: int = 0  # steps that emitted tokens
+    drafted: int = 0
+    accepted: int = 0
+
+    def draft(self) -> int:
+        """Tokens drafted for its next decode step (each is verified, like a prefill token)."""
+        return self.spec[self.steps - 1].drafted if 0 < self.steps <= len(self.spec) else 0
 
 
 def _order(seq: _Seq) -> tuple[int, int]:
@@ -592,6 +623,10 @@ class SimEngine:
                 code="context_length",
             )
         output = plan_output(request, self._rng_for(request, tokens), vlm_profile(s.vlm).coords)
+        spec: tuple[DraftStep, ...] = ()
+        if s.speculative_tokens:
+            lookup = (s.speculative_tokens, s.prompt_lookup_min, s.prompt_lookup_max)
+            spec = ngram_steps(tokens, output.pieces, *lookup)
         total_blocks = -(-(len(tokens) + len(output.pieces)) // s.block_size)
         if total_blocks > self._cache.num_blocks:
             raise EngineError(
@@ -608,6 +643,7 @@ class SimEngine:
             frames=self._frames(tokens),
             order=(request.priority if s.scheduling_policy == "priority" else 0, self._arrivals),
             session=f"{request.tenant}\x1e{request.session}" if request.session else None,
+            spec=spec,
         )
         self._arrivals += 1
         if seq.session is not None:
@@ -706,7 +742,7 @@ class SimEngine:
         of the token budget (the last one cut to fit): the begun prompts in admission
         order, then the others in policy order (the module docstring)."""
         decoding = [q for q in self._running if q.state == "decode"]
-        budget = self.settings.max_num_batched_tokens - len(decoding)
+        budget = self.settings.max_num_batched_tokens - sum(1 + q.draft() for q in decoding)
         chunks: list[tuple[_Seq, int]] = []
         prefilling = [q for q in self._running if q.state == "prefill"]
         # Stable: the begun keep the running order, the rest sort by the policy's key.
@@ -722,7 +758,9 @@ class SimEngine:
     async def _run_step(self, decoding: list[_Seq], chunks: list[tuple[_Seq, int]]) -> None:
         start = self._now
         costs = [self._chunk_cost(seq, n) for seq, n in chunks]
-        end = start + self.tpot(len(decoding) + len(chunks)) + sum(costs)
+        # Drafted tokens are verified in the step's forward pass: compute, like prefill.
+        verify = sum(q.draft() for q in decoding) * self.settings.prefill_cost_per_token
+        end = start + self.tpot(len(decoding) + len(chunks)) + sum(costs) + verify
         self._step = (start, end)
         try:
             await self._sleep_until(end)
@@ -733,7 +771,7 @@ class SimEngine:
         # sequences in it, each prefill chunk's part to its own sequence.
         shared = self.tpot(len(decoding) + len(chunks)) / (len(decoding) + len(chunks))
         for seq in decoding:
-            seq.gpu += shared
+            seq.gpu += shared + seq.draft() * self.settings.prefill_cost_per_token
         for (seq, _), cost in zip(chunks, costs, strict=True):
             seq.gpu += shared + cost
             seq.encoder = 0.0  # charged once
@@ -783,9 +821,19 @@ class SimEngine:
         seq.state = "decode"
 
     def _emit(self, seq: _Seq) -> None:
+        """The tokens of its step: one, or under speculation the accepted drafts and one."""
         pieces = seq.output.pieces
-        text = pieces[seq.emitted]
-        seq.emitted += 1
+        n = 1
+        if 0 < seq.steps <= len(seq.spec):
+            step = seq.spec[seq.steps - 1]
+            n, seq.drafted, seq.accepted = (
+                step.emitted,
+                seq.drafted + step.drafted,
+                seq.accepted + step.accepted,
+            )
+        seq.steps += 1
+        text = "".join(pieces[seq.emitted : seq.emitted + n])
+        seq.emitted += n
         if seq.first_token_at is None:
             seq.first_token_at = self._now
         last = seq.emitted == len(pieces)
@@ -850,6 +898,8 @@ class SimEngine:
             calibration=self._calibration,
             gpu=seq.gpu,
             evicted_active=seq.evicted_active,
+            drafted=seq.drafted,
+            accepted=seq.accepted,
         )
         while len(self._timings) > keep:
             self._timings.popitem(last=False)

@@ -17,7 +17,9 @@ request asked for, because that is what callers and load tests observe:
   cannot make match (it cannot sample from an arbitrary GBNF grammar or regex;
   its token count is what matters for timing, and callers must not validate it);
 - either way cut at `max_tokens` (``"length"``) and at the first stop string,
-  which is not returned (``"stop"``), as vLLM does.
+  which is not returned (``"stop"``), as vLLM does;
+- with speculative decoding on (`SimSettings.speculative_tokens`), how many tokens
+  each decode step emits (`ngram_steps`).
 
 The whole output is planned when the request is submitted, so the engine knows
 how many KV blocks to reserve; it then emits one piece per decode step.
@@ -27,9 +29,16 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from switchyard.agentactions import MAX_TYPED_CHARS, Answer, encode_answer, is_wrapped
+from switchyard.agentactions import (
+    FORMAT_COORDS,
+    MAX_TYPED_CHARS,
+    Answer,
+    encode_answer,
+    is_wrapped,
+)
 from switchyard.engines.base import EngineRequest
 from switchyard.engines.schema_instance import schema_instance
 from switchyard.engines.sim_tokens import WORDS, pseudo_tokens
@@ -147,11 +156,11 @@ def sim_answer(
 ) -> str:
     """A valid answer for an agent step: `c.chunk` actions (a model asked for a chunk
     fills it) within the current frame (the request's last image; with `relative-1000`
-    coordinates, 0-1000 on each axis whatever its size), a short thought when one is
-    allowed, in `c.action_format`."""
+    coordinates, the profile's or the format's, 0-1000 on each axis whatever its size),
+    a short thought when one is allowed, in `c.action_format`."""
     last = request.images[-1] if request.images else None
     width, height = (last.width, last.height) if last is not None else DEFAULT_FRAME
-    if coords == "relative-1000":
+    if (FORMAT_COORDS[c.action_format] or coords) == "relative-1000":
         width = height = RELATIVE_SCALE + 1  # 1000 itself is a point a model may name
     kinds = rng.choices(ACTION_KINDS, ACTION_WEIGHTS, k=c.chunk)
     actions = tuple(sim_action(k, width, height, rng) for k in kinds)
@@ -161,3 +170,66 @@ def sim_answer(
         thought = thought[:MAX_THOUGHT_CHARS]
     answer = Answer(actions, thought)
     return encode_answer(answer, c.action_format, wrapped=is_wrapped(c.chunk, c.thought))
+
+
+# -- speculative decoding ----------------------------------------------------------------
+
+# (prompt_lookup_min, prompt_lookup_max) when speculation is on and nothing says otherwise.
+# vLLM defaults both to 5 ("arbitrarily chosen", vllm/config/speculative.py); an action's
+# template is short, so shorter n-grams find more (`python -m switchyard.bench.specaccept`:
+# 1-3 accepts the most). `VllmSettings` defaults to the same.
+PROMPT_LOOKUP = (1, 3)
+
+
+@dataclass(frozen=True)
+class DraftStep:
+    """One decode step under n-gram speculation: tokens proposed, tokens it emits (the
+    accepted ones and the one the verifying pass samples itself)."""
+
+    drafted: int
+    accepted: int
+    emitted: int
+
+
+def ngram_steps(
+    context: Sequence[str], output: Sequence[str], k: int, n_min: int, n_max: int
+) -> tuple[DraftStep, ...]:
+    """The decode steps after the first token of `output` (the prefill step's) under
+    vLLM's n-gram speculation (`vllm/v1/spec_decode/ngram_proposer.py`,
+    `_find_longest_matched_ngram_and_propose_tokens`): before each step the longest
+    suffix of prompt + output so far, `n_min`..`n_max` tokens, that occurs earlier is
+    looked up, and the up to `k` tokens after its earliest occurrence are proposed; the
+    step verifies them and emits the accepted prefix plus one token of its own.
+
+    The sim's output is planned, so how many a greedy model would accept is known: the
+    proposal's common prefix with the real next tokens. N-grams holding a visual token
+    are never indexed (an answer holds none, so they can never match its suffix)."""
+    seq = [*context, *output[:1]]
+    earliest: dict[tuple[str, ...], int] = {}  # n-gram -> end of its earliest occurrence
+    indexed = 0  # n-grams ending at positions <= indexed are in `earliest`
+    steps: list[DraftStep] = []
+    i = 1  # output tokens emitted
+    while i < len(output):
+        end = len(seq)
+        for e in range(indexed + 1, end):  # every n-gram ending before the suffix
+            for n in range(n_min, min(n_max, e) + 1):
+                gram = tuple(seq[e - n : e])
+                if not any(t.startswith("<img:") for t in gram):
+                    earliest.setdefault(gram, e)
+        indexed = max(indexed, end - 1)
+        draft: list[str] = []
+        for n in range(min(n_max, end), n_min - 1, -1):
+            at = earliest.get(tuple(seq[end - n :]))
+            if at is not None:
+                draft = seq[at : at + k]
+                break
+        accepted = 0
+        while accepted < len(draft) and i + accepted < len(output):
+            if draft[accepted] != output[i + accepted]:
+                break
+            accepted += 1
+        emitted = min(1 + accepted, len(output) - i)
+        steps.append(DraftStep(len(draft), min(accepted, emitted), emitted))
+        seq.extend(output[i : i + emitted])
+        i += emitted
+    return tuple(steps)

@@ -47,6 +47,7 @@ from switchyard.engines.base import (
     EngineStats,
     SchedulingPolicy,
 )
+from switchyard.engines.sim_output import PROMPT_LOOKUP
 from switchyard.logging import get_logger
 from switchyard.messages.inference import (
     ActionsConstraint,
@@ -121,6 +122,15 @@ class VllmSettings(SectionSettings):
     # JSON schema, on one CPU and not on another). vLLM allows it only with a named
     # backend, xgrammar or guidance.
     compact_json: bool = False
+    # n-gram ("prompt lookup") speculative decoding: up to `speculative_tokens` drafted per
+    # step from the sequence's earlier tokens, `prompt_lookup_min`..`_max` long
+    # (vLLM's `speculative_config={"method": "ngram", "num_speculative_tokens": ...,
+    # "prompt_lookup_min": ..., "prompt_lookup_max": ...}`, vllm/config/speculative.py).
+    # 0, off: the sim measures too few accepted drafts of compact and grid answers for
+    # their verification's compute (README, "Agent steps"; the sim models the same).
+    speculative_tokens: int = Field(default=0, ge=0, le=16)
+    prompt_lookup_min: int = Field(default=PROMPT_LOOKUP[0], ge=1)
+    prompt_lookup_max: int = Field(default=PROMPT_LOOKUP[1], ge=1)
 
     @model_validator(mode="after")
     def _compact_json_needs_a_backend(self) -> VllmSettings:
@@ -220,6 +230,11 @@ def engine_args_kwargs(s: VllmSettings) -> dict[str, Any]:
         kw["block_size"] = s.block_size
     if s.precision == "fp8" and not s.model.upper().endswith("-FP8"):
         kw["quantization"] = "fp8"
+    if s.speculative_tokens:
+        kw["speculative_config"] = {
+            "method": "ngram", "num_speculative_tokens": s.speculative_tokens,
+            "prompt_lookup_min": s.prompt_lookup_min, "prompt_lookup_max": s.prompt_lookup_max,
+        }  # fmt: skip
     if s.enable_lora:
         kw["max_loras"] = s.max_loras
         kw["max_lora_rank"] = s.max_lora_rank

@@ -19,8 +19,8 @@ class RawFrame(Model):
     mime: ShortText = "application/octet-stream"
 
 
-# How an answer is written: `json` objects or `compact` lines (`switchyard.agentactions`).
-ActionFormat = Literal["json", "compact"]
+# How an answer is written: `json` objects, `compact` or `grid` lines (`switchyard.agentactions`).
+ActionFormat = Literal["json", "compact", "grid"]
 # `compact` by default: about half the tokens of `json` per action (README, "Agent steps"),
 # the difference between serving phones under 500 ms and serving none.
 DEFAULT_ACTION_FORMAT: ActionFormat = "compact"
@@ -31,7 +31,8 @@ class StepOptions(Model):
     thought: bool = Field(default=False, description="allow a very short thought")
     action_format: ActionFormat = Field(
         default=DEFAULT_ACTION_FORMAT,
-        description="`json` objects or `compact` lines (`click 520 1180`), one action a line",
+        description="`json` objects, `compact` lines (`click 520 1180`) or `grid` lines "
+        "(`click520380`: 0-999 points, one-digit durations), one action a line",
     )
     # None: what the format and chunk need (`agentactions.answer_token_budget`). A value
     # below that need is raised to it (an answer must never be cut); one above it is
