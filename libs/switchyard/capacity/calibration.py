@@ -89,7 +89,7 @@ test_capacity_calibration.py. The qwen2.5-vl-7b frame is 1,125 tokens of 28 px.)
 from __future__ import annotations
 
 import math
-from typing import Literal, Protocol, get_args
+from typing import Literal, Protocol, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict
 
@@ -259,29 +259,27 @@ def kv_capacity_tokens(gpu: GpuSpec, m: ModelSpec, precision: Precision) -> int:
     return max(1, math.floor(budget / kv_per_token(m)))
 
 
+_Name = TypeVar("_Name", bound=str)
+
+
+def _one_of(name: str, names: tuple[_Name, ...], what: str) -> _Name:
+    """`name` (any case) as one of `names`; CapacityInputError names them otherwise."""
+    found = next((n for n in names if n == name.lower()), None)
+    if found is None:
+        raise CapacityInputError(f"unknown {what} {name!r}; choose one of {', '.join(names)}")
+    return found
+
+
 def _preset(name: str) -> SimGpu:
-    preset = next((p for p in SIM_GPUS if p == name.lower()), None)
-    if preset is None:
-        raise CapacityInputError(
-            f"unknown sim GPU preset {name!r}; choose one of {', '.join(SIM_GPUS)}"
-        )
-    return preset
+    return _one_of(name, SIM_GPUS, "sim GPU preset")
 
 
 def _model(name: str) -> SimModel:
-    model = next((m for m in SIM_MODELS if m == name.lower()), None)
-    if model is None:
-        raise CapacityInputError(
-            f"unknown sim model {name!r}; choose one of {', '.join(SIM_MODELS)}"
-        )
-    return model
+    return _one_of(name, SIM_MODELS, "sim model")
 
 
 def _precision(name: str) -> Precision:
-    precision = next((p for p in PRECISIONS if p == name.lower()), None)
-    if precision is None:
-        raise CapacityInputError(f"unknown precision {name!r}; choose one of bf16, fp8")
-    return precision
+    return _one_of(name, PRECISIONS, "precision")
 
 
 def sim_calibration(
