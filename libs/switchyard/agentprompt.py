@@ -34,6 +34,10 @@ session's window (`services/preprocessor/window.py`). What it costs: a prompt,
 and the KV a session holds, grows to W frames, and every request carries the
 bytes of all its window's frames over the bus.
 
+A phone that sends its next step while a chunk still executes (asynchronous
+inference) names that chunk's unfinished actions (`pending_text`), in the query
+after the last frame, where no later step's prefix reaches.
+
 The actions are the client's history, the source of truth: its last entry is
 the action of step `step - 1`, the one before it of `step - 2`, and so on, so a
 client may send only the tail of a long history. A window action the history
@@ -213,6 +217,14 @@ def history_text(goal: str, history: list[str], first: int = 0) -> str:
     return f"Goal: {goal or 'play'}\nActions so far:\n{lines}\n"
 
 
+def pending_text(pending: list[str]) -> str:
+    """The actions of the current chunk the phone has yet to finish (`StepFields.pending`,
+    real-time chunking's inpainting, [S0] 2.3), for the step's query: the answer goes on
+    after them. It sits in the query, after the last frame, so it never enters the prefix
+    the next step reuses; without pending actions it is empty and the query unchanged."""
+    return f"Still executing: {'; '.join(pending)}\n" if pending else ""
+
+
 def window_start(previous: int | None, step: int, window: int) -> int:
     """The step a window layout's prompt starts its frames at, for step `step`.
 
@@ -276,7 +288,7 @@ def build_messages(
     else:
         parts = [TextPart(text=history_text(step.goal, step.history))]
         parts += [ImagePart(hash=f.hash) for f in frames]
-    parts.append(TextPart(text=f"Step {step.step}: next action?"))
+    parts.append(TextPart(text=f"{pending_text(step.pending)}Step {step.step}: next action?"))
     return [
         ChatMessage(role="system", content=system_prompt(layout, step.options.action_format, vlm)),
         ChatMessage(role="user", content=parts),

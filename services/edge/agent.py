@@ -2,7 +2,7 @@
 
 A step arrives as JSON (frames base64-encoded) or as `multipart/form-data`
 (frames as file parts named `frames`, the other fields as form fields:
-`history` may repeat, `options` is a JSON object). Both become one
+`history` and `pending` may repeat, `options` is a JSON object). Both become one
 `AgentStepBody`; the edge adds the tenant (from the key, never the body), the
 id, the deadline and the reply inbox, and publishes an `AgentStep` on
 `agent.in.<tenant>`. The preprocessor's refusals come back typed and become
@@ -147,7 +147,7 @@ def parse_multipart(content_type: str, raw: bytes) -> StepInput:
     if not message.is_multipart():
         raise _invalid("multipart body without parts or boundary")
     values: dict[str, Any] = {}
-    history: list[str] = []
+    lists: dict[str, list[str]] = {"history": [], "pending": []}  # repeated fields
     frames: list[tuple[bytes, str]] = []
     for part in message.iter_parts():
         name = part.get_param("name", header="content-disposition")
@@ -160,8 +160,8 @@ def parse_multipart(content_type: str, raw: bytes) -> StepInput:
             text = data.decode()
         except UnicodeDecodeError:
             raise _invalid(f"form field {name!r} is not UTF-8", str(name)) from None
-        if name == "history":
-            history.append(text)
+        if isinstance(name, str) and name in lists:
+            lists[name].append(text)
         elif name == "options":
             try:
                 values["options"] = json.loads(text)
@@ -169,8 +169,7 @@ def parse_multipart(content_type: str, raw: bytes) -> StepInput:
                 raise _invalid("options must be a JSON object", "options") from None
         elif isinstance(name, str):
             values[name] = text
-    if history:
-        values["history"] = history
+    values.update({name: texts for name, texts in lists.items() if texts})
     for number in ("frame_ts", "sent_at", "stale_after"):
         if number in values:
             values[number] = _number(values[number], number, float)

@@ -95,8 +95,15 @@ async def test_a_sync_phone_executes_its_chunk_before_the_next_frame(phone_fleet
     first = recs[0].taken_at
     assert first is not None and t.start >= first + 3 * act - TIMER
     assert t.switches == 0 and t.dropped == 0
+    # Each chunk that had a successor left the phone standing for that step's latency
+    # (modelled: its measured and modelled parts), and no step carried pending actions.
+    assert len(t.stalls) == 2 and t.pending_tokens == []
+    for stood, r in zip(t.stalls, recs[1:], strict=True):
+        model = r.modelled(cfg.delay_scale)
+        assert model is not None and 0 < stood <= model + 0.1, (stood, model)
     report = summarise(cfg, played.records, played.wall_s, played.times)
     assert report.actions_executed == 6 and report.superseded == 0 and report.errors == {}
+    assert report.starved_share == 1.0 and report.stall_p99_ms > 0
     assert report.modelled is not None and report.modelled.steps == 2  # the ramp left out
     assert 0 < report.wait_share < 1 and report.actions_per_phone_s > 0
     assert report.calibration == "a100"
@@ -121,8 +128,14 @@ async def test_an_async_phone_sends_its_next_step_while_the_chunk_executes(
     assert t.actions == 6 and t.dropped == 0
     # The phone waited for its first answer only: the others came while it was acting.
     assert t.waiting < recs[0].latency_s + 0.1, (t.waiting, recs[0].latency_s)
+    # So its two chunk ends with a successor found it in: no stall. Each early step named
+    # the action under way (`pending`, a compact line of a few tokens).
+    assert t.stalls == [0.0, 0.0]
+    assert len(t.pending_tokens) == 2 and all(0 < n <= 20 for n in t.pending_tokens)
     report = summarise(cfg, played.records, played.wall_s, played.times)
     assert report.wait_share < 0.25 and report.superseded == 0
+    assert (report.chunk_ends, report.stall_p99_ms, report.starved_share) == (2, 0.0, 0.0)
+    assert report.executed_stale == 0
 
 
 async def test_superseded_answers_are_counted_apart_and_never_executed(

@@ -279,3 +279,22 @@ def test_a_first_steps_window_estimate_is_what_its_episode_keeps_cached(
     estimate = estimate_window_tokens(first, frames, choice, 0)
     full = layout_cost(layout, window).prompt_tokens[choice.frames - 1]
     assert abs(estimate - full) < 0.05 * full, (estimate, full)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_pending_actions_sit_in_the_query_where_no_later_prefix_reaches(
+    layout: AgentLayout,
+) -> None:
+    k = 5
+    plain = _tokens(layout, k)
+    still = _step(k).model_copy(update={"pending": ["swipe 500 800 500 200 300", "back"]})
+    pending = _tokens(layout, k, step=still)
+    query = _query_at(plain, k)
+    # Everything before the query is unchanged: the cache serves the pending step as well.
+    assert pending[:query] == plain[:query]
+    text = agentprompt.pending_text(still.pending)
+    assert text == "Still executing: swipe 500 800 500 200 300; back\n"
+    assert pending[query:] == pseudo_tokens(text) + plain[query:]
+    # And step k + 1, which does not carry it, shares the same prefix as without it.
+    assert _shared(_tokens(layout, k + 1), pending) == _shared(_tokens(layout, k + 1), plain)
+    assert agentprompt.pending_text([]) == ""

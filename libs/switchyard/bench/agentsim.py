@@ -82,6 +82,7 @@ from switchyard.agentprompt import (
     AgentLayout,
     build_messages,
     fit,
+    pending_text,
 )
 from switchyard.bench.layoutcost import frame_steps
 from switchyard.bench.phoneframes import draw_frame
@@ -103,7 +104,7 @@ from switchyard.capacity.errors import CapacityInputError
 from switchyard.config import Settings
 from switchyard.engines.base import SCHEDULING_POLICIES, EngineRequest, SchedulingPolicy
 from switchyard.engines.sim import SimSettings, decode_step_seconds
-from switchyard.engines.sim_tokens import render_prompt
+from switchyard.engines.sim_tokens import pseudo_tokens, render_prompt
 from switchyard.errors import StreamTimeout
 from switchyard.fleet import UNMETERED, FleetSpec, Pool, env_of, launch
 from switchyard.fleet.spec import Engine
@@ -307,6 +308,11 @@ class PhoneTime:
     actions: int = 0  # executed
     switches: int = 0  # newer answers taken while a chunk still had actions left
     dropped: int = 0  # actions of chunks left unfinished for a newer answer
+    # One entry per chunk that ended and was followed by another: how long the phone then
+    # stood still with nothing to execute until its next answer (modelled seconds, as
+    # `ideal_wait` ends the wait; 0 when the successor was in before the chunk ended).
+    stalls: list[float] = field(default_factory=list)
+    pending_tokens: list[int] = field(default_factory=list)  # per step sent with `pending`
 
     @property
     def loop(self) -> float:
@@ -385,6 +391,17 @@ class AgentSimReport:
     phones_per_worker_max: int
     workers_used: int
     wall_s: float
+    # What the phone feels (`PhoneTime.stalls`, modelled): after each chunk that had a
+    # successor, how long it stood with nothing to execute; `starved_share` of those chunk
+    # ends found no successor in. Sync phones stand for every step's whole latency.
+    chunk_ends: int = 0
+    stall_p50_ms: float = 0.0
+    stall_p99_ms: float = 0.0
+    starved_share: float = 0.0
+    pending_tokens_mean: float = 0.0  # tokens the `pending` text adds to a step that has it
+    # Answers the phone began to execute when their frame was older than `stale_after`:
+    # the fleet checks a frame's age when it starts the step, the phone when it acts.
+    executed_stale: int = 0
     notes: list[str] = field(default_factory=list)
     modelled: ModelledLatency | None = None
 
@@ -485,9 +502,12 @@ class _Phone:
         act = cfg.act_ms / 1000 * cfg.scale
         chunk: list[Action] = []
         sent_for_chunk = False
+        stalled: float | None = None  # wall, when the chunk ended with no successor yet
         try:
             while True:
                 if not chunk:
+                    if stalled is None and t.actions:
+                        stalled = self.screen_at  # the last action ended: the phone stands
                     # Nothing to execute: send a step unless one in flight already shows
                     # this screen (sync: none is in flight; async: the one sent during
                     # the chunk shows the screen before its last action ended).
@@ -507,16 +527,22 @@ class _Phone:
                     t.waiting_ideal += ideal_wait(began, ended, rec.sent, model, cfg.scale)
                     if took:
                         chunk, sent_for_chunk = list(actions), False
+                        if stalled is not None:
+                            stood = ideal_wait(stalled, ended, rec.sent, model, cfg.scale)
+                            t.stalls.append(stood / cfg.scale)
+                            stalled = None
                     continue
                 # One action. The next step leaves `lead` before the chunk's end (async).
                 until_send = len(chunk) * act - cfg.lead_s
-                chunk.pop(0)
+                executing = chunk.pop(0)
                 if (
                     cfg.lead_s > 0 and not sent_for_chunk and until_send < act
                     and len(self.history) < cfg.steps
                 ):  # fmt: skip
                     await asyncio.sleep(max(0.0, until_send))
-                    await self._send(early=True)
+                    # The action under way and the rest of the chunk: what the answer
+                    # must continue after (real-time chunking's inpainting).
+                    await self._send(pending=[executing, *chunk])
                     sent_for_chunk = True
                     await asyncio.sleep(act - max(0.0, until_send))
                 else:
@@ -528,6 +554,8 @@ class _Phone:
                 while not self.answers.empty():
                     rec, actions = self.answers.get_nowait()
                     if self._take(rec, actions):
+                        if not chunk:
+                            t.stalls.append(0.0)  # the chunk ended with its successor in
                         t.switches += bool(chunk)
                         t.dropped += len(chunk)
                         chunk, sent_for_chunk = list(actions), False
@@ -548,7 +576,9 @@ class _Phone:
         self.history[rec.step] = history_entry(actions, self.cfg.action_format)
         return True
 
-    async def _send(self, *, early: bool = False) -> None:
+    async def _send(self, *, pending: Sequence[Action] = ()) -> None:
+        """Send the phone's next step; `pending`: the chunk's actions still to execute
+        (async: the step leaves while they run)."""
         cfg, k = self.cfg, len(self.history)
         captured = time.perf_counter()
         if k == cfg.ramp_steps > 0:
@@ -557,6 +587,7 @@ class _Phone:
             t = self.time
             t.start, t.acting, t.waiting, t.waiting_ideal = captured, 0.0, 0.0, 0.0
             t.actions = t.switches = t.dropped = 0
+            t.stalls, t.pending_tokens = [], []
         size = (cfg.width, cfg.height)
         cur = (
             self.pool[k % len(self.pool)] if self.pool
@@ -575,15 +606,18 @@ class _Phone:
             # draws the same frames and actions, and must not find its prompts cached.
             goal=f"collect the daily reward (episode {self.run_id}-p{self.phone})",
             history=self.history[-HISTORY_SENT:], step=k, stale_after=cfg.stale_after,
+            pending=[history_entry([a], cfg.action_format) for a in pending],
             options=StepOptions(chunk=cfg.chunk, action_format=cfg.action_format,
                                 max_tokens=cfg.max_tokens),
         )  # fmt: skip
         self.history.append(NO_ACTION)
+        if step.pending:
+            self.time.pending_tokens.append(len(pseudo_tokens(pending_text(step.pending))))
         tokens = self.model.tokens(step, self.phone)
         shared = _common_prefix(self.prev_tokens, tokens) if self.prev_tokens is not None else 0
         self.prev, self.prev_tokens = cur, tokens
         self.inflight[k] = captured
-        task = asyncio.create_task(self._ask(step, shared, frame_s, early))
+        task = asyncio.create_task(self._ask(step, shared, frame_s, bool(pending)))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -765,6 +799,8 @@ def summarise(
     steps_per_s, prefill_busy = _rates(cfg, recs, times, calibration)
     executed = sum(t.actions for t in times)
     most, used = _placement(recs)
+    stalls = [x for t in times for x in t.stalls]
+    pending = [n for t in times for n in t.pending_tokens]
     notes = [
         "latency: wall clock on this machine, publish to action, all services sharing its CPUs",
         "shared prefix counted with the sim tokenizer (exact for --engine sim)",
@@ -813,6 +849,14 @@ def summarise(
         phones_per_worker_max=most,
         workers_used=used,
         wall_s=round(wall, 2),
+        chunk_ends=len(stalls),
+        stall_p50_ms=_ms(percentile(stalls, 0.5)),
+        stall_p99_ms=_ms(percentile(stalls, 0.99)),
+        starved_share=ratio(sum(x > 0 for x in stalls), len(stalls)),
+        pending_tokens_mean=round(sum(pending) / len(pending), 1) if pending else 0.0,
+        executed_stale=sum(
+            r.taken_at is not None and r.taken_at - r.sent > cfg.stale_after for r in recs
+        ),
         notes=notes,
         modelled=modelled,
     )  # fmt: skip

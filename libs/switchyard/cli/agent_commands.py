@@ -17,7 +17,7 @@ from switchyard.messages.agent import DEFAULT_ACTION_FORMAT
 from switchyard.vlmgeometry import DEFAULT_VLM
 
 if TYPE_CHECKING:
-    from switchyard.bench.agentsearch import CapacityReport
+    from switchyard.bench.agentsearch import CapacityReport, Slo
 
 DEFAULT_LADDER = "10,25,50,100,200,400,600,800"
 # What a search on this project's 2-core machine needs to keep up (loop efficiency
@@ -28,6 +28,9 @@ DEFAULT_LADDER = "10,25,50,100,200,400,600,800"
 # phones (up to 69 steps/s modelled, 17 wall), with other jobs on the machine.
 SEARCH_DELAY_SCALE = 4.0
 SEARCH_FRAME_POOL = 2
+# A phone's action (a tap and the game's animation) until it can be captured again: the
+# cadence of the seeds' cloud phones ([S0] 2.3, 1-1.5 s per action); 0 = no wait.
+DEFAULT_ACT_MS = 1200.0
 
 
 def agent_sim(
@@ -84,7 +87,9 @@ def agent_sim(
         "(SY_SIM_SCHEDULING_POLICY; priority = earliest due step first); default the sim's",
     ),
     chunk: int = typer.Option(1, min=1, max=5, help="actions per answer"),
-    act_ms: float = typer.Option(0.0, min=0.0, help="modelled ms one action takes on the phone"),
+    act_ms: float = typer.Option(
+        DEFAULT_ACT_MS, min=0.0, help="modelled ms one action takes on the phone"
+    ),
     asynchronous: bool = typer.Option(
         False, "--async", help="send the next step while the chunk executes"
     ),
@@ -121,7 +126,14 @@ def agent_sim(
     ),
     search: bool = typer.Option(False, help="capacity search over --loads (sim engine)"),
     loads: str = typer.Option(DEFAULT_LADDER, help="--search: phone counts to climb"),
-    target_ms: float = typer.Option(500.0, help="--search: modelled p99 target"),
+    slo: str = typer.Option(
+        "step",
+        help="--search: objective step (modelled step p99) or stall (with --chunk K "
+        "--async: p99 of a phone standing between chunks, no stale answer executed)",
+    ),
+    target_ms: float | None = typer.Option(
+        None, help="--search: the objective's p99 target, ms; default 500 (step), 100 (stall)"
+    ),
     search_step: int = typer.Option(5, min=1, help="--search: bisect until this close"),
     budgets: str | None = typer.Option(
         None,
@@ -135,7 +147,12 @@ def agent_sim(
     """N phones: step -> action chunk loops; latency, staleness, prefix reuse, capacity."""
     from switchyard.agentactions import ACTION_FORMATS
     from switchyard.agentprompt import LAYOUTS
-    from switchyard.bench.agentsearch import run_budget_search, run_capacity_search
+    from switchyard.bench.agentsearch import (
+        SLO_TARGET_MS,
+        SLOS,
+        run_budget_search,
+        run_capacity_search,
+    )
     from switchyard.bench.agentsim import AgentSimConfig, AgentSimConfigError, run_agent_sim
     from switchyard.capacity.calibration import PRECISIONS, SIM_GPUS
     from switchyard.vlmgeometry import VLM_NAMES
@@ -151,6 +168,10 @@ def agent_sim(
         raise typer.BadParameter(f"one of {', '.join(SIM_GPUS)}", param_hint="--gpu")
     if precision is not None and precision not in PRECISIONS:
         raise typer.BadParameter(f"one of {', '.join(PRECISIONS)}", param_hint="--precision")
+    if slo not in SLOS:
+        raise typer.BadParameter(f"one of {', '.join(SLOS)}", param_hint="--slo")
+    objective: Slo = slo  # narrowed by the check above
+    target = target_ms if target_ms is not None else SLO_TARGET_MS[objective]
     w, _, h = resolution.partition("x")
     sim = engine == "sim"
     scale = delay_scale if delay_scale is not None else (SEARCH_DELAY_SCALE if search else 1.0)
@@ -190,8 +211,8 @@ def agent_sim(
             if not each or min(each) < 64:
                 raise typer.BadParameter("token budgets >= 64 (the sim's max_num_seqs)",
                                          param_hint="--budgets")  # fmt: skip
-            found = run_budget_search(cfg, each, ladder, target_ms, search_step,
-                                      min_loop_efficiency)  # fmt: skip
+            found = run_budget_search(cfg, each, ladder, target, search_step,
+                                      min_loop_efficiency, objective)  # fmt: skip
             if as_json:
                 print(json.dumps(_finite(found.as_dict())))
                 return
@@ -203,7 +224,9 @@ def agent_sim(
                 ) + f"; best {found.best_budget}"
             )  # fmt: skip
             return
-        report = run_capacity_search(cfg, ladder, target_ms, search_step, min_loop_efficiency)
+        report = run_capacity_search(
+            cfg, ladder, target, search_step, min_loop_efficiency, objective
+        )
         if as_json:
             print(json.dumps(_finite(report.as_dict())))
             return
@@ -240,7 +263,8 @@ def _print_search(report: CapacityReport) -> None:
     )
     cols = ("phones", "steps", "ok", "stale", "sup", "err", "model p50", "model p99",
             "p99 tail: queue", "prefill", "decode", "steps/s", "GPU prefill", "wait",
-            "loop eff", "outside p50", "max/worker", "KV evicted", "pass")  # fmt: skip
+            "loop eff", "outside p50", "max/worker", "KV evicted", "stall p99", "starved",
+            "pass")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="right")
     for r in report.loads:
@@ -255,7 +279,8 @@ def _print_search(report: CapacityReport) -> None:
             f"{queue}" if m else "-", f"{t.get('prefill', '-')}", f"{t.get('decode', '-')}",
             f"{r.steps_per_s}", busy, f"{round(r.wait_share * 100)} %",
             f"{m.loop_efficiency}" if m else "-", f"{m.outside_p50_ms}" if m else "-",
-            str(r.phones_per_worker_max), str(r.active_evictions), "yes" if r.passed else "no",
+            str(r.phones_per_worker_max), str(r.active_evictions), f"{r.stall_p99_ms}",
+            f"{round(r.starved_share * 100)} %", "yes" if r.passed else "no",
         )  # fmt: skip
     con = Console()
     con.print(table)
@@ -264,12 +289,16 @@ def _print_search(report: CapacityReport) -> None:
         con.print(f"capacity: below {report.loads[0].phones} phones ({report.loads[0].reason})")
     else:
         n = report.capacity_phones
-        ratio = round(at.modelled.p99_ms / report.target_p99_ms, 2)
+        figure = at.modelled.p99_ms if report.slo == "step" else at.stall_p99_ms
+        ratio = round(figure / report.target_p99_ms, 2) if report.target_p99_ms else "-"
         con.print(
-            f"capacity: {n} phones ({n / c.workers:.0f} per worker) with modelled p50 "
-            f"{at.modelled.p50_ms} ms, p99 {at.modelled.p99_ms} ms ({ratio} x the "
-            f"{report.target_p99_ms:.0f} ms target); {at.actions_per_phone_s} actions per "
-            f"phone per s, {round(at.wait_share * 100)} % of phone time waiting on inference"
+            f"capacity ({report.slo} p99 <= {report.target_p99_ms:.0f} ms): {n} phones "
+            f"({n / c.workers:.0f} per worker) with modelled step p50 {at.modelled.p50_ms} "
+            f"ms, p99 {at.modelled.p99_ms} ms, stall p50 {at.stall_p50_ms} / p99 "
+            f"{at.stall_p99_ms} ms ({ratio} x the target, "
+            f"{round(at.starved_share * 100)} % of chunks ended without a successor); "
+            f"{at.actions_per_phone_s} actions per phone per s, "
+            f"{round(at.wait_share * 100)} % of phone time waiting on inference"
         )
     con.print(f"limit: {report.limit}: {report.limit_detail}")
     if report.first_failure is not None:

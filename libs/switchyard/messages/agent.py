@@ -26,8 +26,13 @@ ActionFormat = Literal["json", "compact", "grid"]
 DEFAULT_ACTION_FORMAT: ActionFormat = "compact"
 
 
+MAX_CHUNK = 5  # actions per answer at most
+
+
 class StepOptions(Model):
-    chunk: int = Field(default=1, ge=1, le=5, description="actions per answer (action chunking)")
+    chunk: int = Field(
+        default=1, ge=1, le=MAX_CHUNK, description="actions per answer (action chunking)"
+    )
     thought: bool = Field(default=False, description="allow a very short thought")
     action_format: ActionFormat = Field(
         default=DEFAULT_ACTION_FORMAT,
@@ -69,6 +74,16 @@ class StepFields(Model):
     history: Annotated[
         list[Annotated[str, StringConstraints(max_length=512)]], Field(max_length=256)
     ] = []
+    # Real-time chunking's "inpainting" ([S0] 2.3): a phone that sends its next step while
+    # a chunk still executes names the actions of that chunk it has yet to finish, so the
+    # model plans what follows them instead of repeating them (`agentprompt.pending_text`).
+    pending: Annotated[
+        list[Annotated[str, StringConstraints(max_length=512)]], Field(max_length=MAX_CHUNK)
+    ] = Field(
+        default=[],
+        description="actions of the current chunk still executing when the frame was "
+        "captured: the answer continues after them",
+    )
     options: StepOptions = StepOptions()
 
 
@@ -126,7 +141,6 @@ Action = Annotated[
 # A thought is a hint for debugging, never reasoning: every token of it is paid
 # for in decode time, which is the agent's latency budget.
 MAX_THOUGHT_CHARS = 80
-MAX_CHUNK = 5
 
 
 class ActionAnswer(RootModel[Action]):
