@@ -7,6 +7,7 @@
 - When an asynchronous phone has run out of actions before its next answer, it sends a
   fresher step; the fleet answers the older one `superseded`, which the phone counts
   apart from errors and never executes.
+- An answer that reaches the phone after its frame went stale is refused, never executed.
 - A phone whose clock is 5 s fast or slow has its fresh steps served, not dropped stale.
 
 The worker has one engine slot at real-time speed (delay scale 1), so steps of
@@ -135,7 +136,7 @@ async def test_an_async_phone_sends_its_next_step_while_the_chunk_executes(
     report = summarise(cfg, played.records, played.wall_s, played.times)
     assert report.wait_share < 0.25 and report.superseded == 0
     assert (report.chunk_ends, report.stall_p99_ms, report.starved_share) == (2, 0.0, 0.0)
-    assert report.executed_stale == 0
+    assert report.refused_late == 0
 
 
 async def test_superseded_answers_are_counted_apart_and_never_executed(
@@ -157,6 +158,27 @@ async def test_superseded_answers_are_counted_apart_and_never_executed(
         t.dropped for t in played.times
     )
     assert report.modelled is not None and report.modelled.steps == 20 - len(superseded)
+
+
+async def test_an_answer_that_reaches_the_phone_after_its_frame_went_stale_is_never_executed(
+    phone_fleet: str,
+) -> None:
+    # One 2 s action per step and a 1 s frame budget: the step sent when the action starts
+    # is answered in time (well under 1 s on an idle slot), but the phone can act on it
+    # only when the action ends, 2 s after its frame. It refuses it and asks afresh.
+    cfg = phones(phone_fleet, phones=1, steps=3, chunk=1, act_ms=2000, asynchronous=True,
+                 stale_after=1.0)  # fmt: skip
+    played = await play(cfg, phone_fleet)
+
+    first, early, fresh = by_step(played.records)
+    assert [r.status for r in (first, early, fresh)] == ["ok"] * 3
+    assert early.early and early.late and not early.executed
+    assert first.executed and fresh.executed and not fresh.early and not fresh.late
+    (t,) = played.times
+    # The action ended with no fresh answer in: the phone stood until the fresh step's.
+    assert len(t.stalls) == 1 and t.stalls[0] > 0
+    report = summarise(cfg, played.records, played.wall_s, played.times)
+    assert report.refused_late == 1 and report.starved_share == 1.0
 
 
 @pytest.mark.parametrize("skew", [5.0, -5.0])

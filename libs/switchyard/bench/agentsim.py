@@ -275,6 +275,7 @@ class StepRecord:
     actions: int = 0  # actions in its answer (when valid)
     executed: bool = False  # the phone took this answer (maybe not to its last action)
     overtaken: bool = False  # ok, but the phone had already taken a newer step's answer
+    late: bool = False  # ok, but its frame outlived stale_after before the phone could act
     early: bool = False  # sent while a chunk still executed (async: its lead)
     taken_at: float | None = None  # wall, when the phone took the answer (its chunk began)
 
@@ -399,9 +400,10 @@ class AgentSimReport:
     stall_p99_ms: float = 0.0
     starved_share: float = 0.0
     pending_tokens_mean: float = 0.0  # tokens the `pending` text adds to a step that has it
-    # Answers the phone began to execute when their frame was older than `stale_after`:
-    # the fleet checks a frame's age when it starts the step, the phone when it acts.
-    executed_stale: int = 0
+    # Ok answers the phone refused: their frame had outlived `stale_after` by the time it
+    # could act on them (`_Phone._take`). The fleet withholds an answer ready too late; one
+    # ready in time can still reach the phone too late (the reply's hops, an action to end).
+    refused_late: int = 0
     notes: list[str] = field(default_factory=list)
     modelled: ModelledLatency | None = None
 
@@ -565,12 +567,18 @@ class _Phone:
                 task.cancel()
 
     def _take(self, rec: StepRecord, actions: list[Action]) -> bool:
-        """Whether the phone executes this answer: valid, and newer than any it took."""
-        self.inflight.pop(rec.step, None)
+        """Whether the phone executes this answer: valid, newer than any it took, and its
+        frame still within `stale_after` now - a stale step is never executed, whoever
+        held it up (the fleet withholds an answer ready too late; the phone refuses one
+        that reached it, or an action boundary, too late)."""
+        captured = self.inflight.pop(rec.step, rec.sent)
         if not rec.valid:
             return False
         if rec.step <= self.taken:
             rec.overtaken = True
+            return False
+        if time.perf_counter() - captured > self.cfg.stale_after:
+            rec.late = True
             return False
         self.taken, rec.executed, rec.taken_at = rec.step, True, time.perf_counter()
         self.history[rec.step] = history_entry(actions, self.cfg.action_format)
@@ -854,9 +862,7 @@ def summarise(
         stall_p99_ms=_ms(percentile(stalls, 0.99)),
         starved_share=ratio(sum(x > 0 for x in stalls), len(stalls)),
         pending_tokens_mean=round(sum(pending) / len(pending), 1) if pending else 0.0,
-        executed_stale=sum(
-            r.taken_at is not None and r.taken_at - r.sent > cfg.stale_after for r in recs
-        ),
+        refused_late=sum(r.late for r in recs),
         notes=notes,
         modelled=modelled,
     )  # fmt: skip
