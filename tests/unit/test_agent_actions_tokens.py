@@ -32,6 +32,7 @@ from switchyard.agentactions import (
     longest_tokens,
     token_table,
 )
+from switchyard.agentprompt import pending_text
 from switchyard.engines.model_files import smollm2_gguf
 from switchyard.engines.sim_output import ACTION_KINDS, sim_action
 from switchyard.engines.sim_tokens import pseudo_tokens
@@ -180,3 +181,18 @@ def test_compact_costs_about_half_of_json(tok: Tokenizer) -> None:
     click = Answer((Click(x=520, y=1180),))
     assert tok.count(encode_answer(click, "json")) == 18
     assert tok.count(encode_answer(click, "compact")) == 10
+
+
+def test_pending_actions_cost_their_lines_and_a_few_tokens_more(qwen: QwenTokenizer) -> None:
+    """What the inpainting text (`agentprompt.pending_text`) adds to a step's prefill, in
+    Qwen's tokens (README, "Chunks and async"), and the sim's count of it within 10 %."""
+    costs = {
+        ("click 520 380",): 13,
+        ("swipe 500 800 500 200 300",): 25,
+        ("click 520 380", "swipe 500 800 500 200 300"): 35,
+        ("back",): 5,
+    }
+    for pending, tokens in costs.items():
+        text = pending_text(list(pending))
+        assert qwen.count(text) == tokens, text
+        assert abs(len(pseudo_tokens(text)) - tokens) <= max(1, tokens // 10), text
