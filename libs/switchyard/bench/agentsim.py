@@ -99,11 +99,12 @@ from switchyard.capacity.calibration import (
     frame_seconds,
     frame_tokens,
     sim_calibration,
+    sim_decode_seconds,
 )
 from switchyard.capacity.errors import CapacityInputError
 from switchyard.config import Settings
 from switchyard.engines.base import SCHEDULING_POLICIES, EngineRequest, SchedulingPolicy
-from switchyard.engines.sim import SimSettings, decode_step_seconds
+from switchyard.engines.sim import SimSettings
 from switchyard.engines.sim_tokens import pseudo_tokens, render_prompt
 from switchyard.errors import StreamTimeout
 from switchyard.fleet import UNMETERED, FleetSpec, Pool, env_of, launch
@@ -727,7 +728,7 @@ def _decode_alone_ms(recs: Sequence[StepRecord]) -> float | None:
         cal = calibration_of(r.calibration)
         if cal is None:
             return None
-        alone.append(r.output_tokens * decode_step_seconds(cal, 1))
+        alone.append(r.output_tokens * sim_decode_seconds(cal, 1))
     return _ms(sum(alone) / len(alone)) if alone else None
 
 

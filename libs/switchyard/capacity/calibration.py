@@ -318,6 +318,22 @@ def sim_calibration(
     )  # fmt: skip
 
 
+class DecodeFigures(Protocol):
+    """The decode figures of `SimSettings` and of a `SimCalibration`."""
+
+    @property
+    def step_overhead(self) -> float: ...
+    @property
+    def tpot_base(self) -> float: ...
+    @property
+    def tpot_per_seq(self) -> float: ...
+
+
+def sim_decode_seconds(f: DecodeFigures, batch: int) -> float:
+    """One decode step (no prefill) of `batch` sequences, as the sim models it."""
+    return f.step_overhead + f.tpot_base + f.tpot_per_seq * batch
+
+
 class PrefillFigures(Protocol):
     """The prefill and encoder figures of `SimSettings` and of a `SimCalibration`."""
 

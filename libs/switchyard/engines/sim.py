@@ -88,7 +88,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -102,6 +102,7 @@ from switchyard.capacity.calibration import (
     encoder_seconds,
     prefill_chunk_seconds,
     sim_calibration,
+    sim_decode_seconds,
 )
 from switchyard.capacity.errors import CapacityInputError
 from switchyard.capacity.presets import model_preset
@@ -415,22 +416,6 @@ def _order(seq: _Seq) -> tuple[int, int]:
     return seq.order
 
 
-class DecodeFigures(Protocol):
-    """The decode figures of `SimSettings`, and of a preset (`SimCalibration`)."""
-
-    @property
-    def step_overhead(self) -> float: ...
-    @property
-    def tpot_base(self) -> float: ...
-    @property
-    def tpot_per_seq(self) -> float: ...
-
-
-def decode_step_seconds(s: DecodeFigures, batch: int) -> float:
-    """Modelled duration of one decode step (no prefill) with `batch` sequences."""
-    return s.step_overhead + s.tpot_base + s.tpot_per_seq * batch
-
-
 class SimEngine:
     """A simulator of one vLLM GPU engine (kind ``"sim"``); see the module docstring."""
 
@@ -568,7 +553,7 @@ class SimEngine:
 
     def tpot(self, batch: int) -> float:
         """Modelled duration of one decode step (no prefill) with `batch` sequences."""
-        return decode_step_seconds(self.settings, batch)
+        return sim_decode_seconds(self.settings, batch)
 
     def step_time(self, batch: int, prefill_tokens: int) -> float:
         """Modelled duration of one step of `batch` sequences carrying `prefill_tokens`
