@@ -176,7 +176,8 @@ class Flight(Generic[Final]):
 async def request_lifecycle(
     state: EdgeState, request: Request, workload: Workload, final: type[Final],
     message: Envelope, *, key: str | None, fingerprint: Callable[[], str],
-    idle_timeout: float | None = None, statuses: Statuses = NO_OVERRIDES,
+    idle_timeout: float | None = None, first_timeout: float | None = None,
+    statuses: Statuses = NO_OVERRIDES,
 ) -> AsyncIterator[Flight[Final] | Replay[Final]]:  # fmt: skip
     """Claim `key` (if given) for `message`, publish it, and clean up after it; see the
     module's docstring. `fingerprint()` identifies the request's content, so a key reused
@@ -193,7 +194,7 @@ async def request_lifecycle(
                 return
             adopting, message = True, message.model_copy(update={"id": held.request_id})
     idle = idle_timeout or state.settings.idle_timeout
-    reply: Reply[Final] = Reply(state.bus, final, idle_timeout=idle)
+    reply: Reply[Final] = Reply(state.bus, final, idle_timeout=idle, first_timeout=first_timeout)
     try:
         stored = await reply.start(sends(message, state.settings.chat_pool),
                                    patience=INGRESS_PATIENCE)  # fmt: skip
