@@ -180,9 +180,8 @@ async def test_streamed_question_is_stages_then_the_answer_then_done(sql_edge: s
     assert done == "[DONE]"
     stages = [e for e in events if e["type"] == "stage"]
     progress = [e for e in events if e["type"] == "progress"]
+    # sqlflow's keepalives, if any came after the first-frame grace, are progress events
     assert stages and len(stages) + len(progress) == len(events), events
-    # sqlflow's keepalives, forwarded: the first as it took the question, before any stage
-    assert progress and events[0] == progress[0] and progress[0]["stage"] is None, events[:2]
     assert all(set(p) == {"type", "stage", "seconds", "elapsed", "tokens"} for p in progress)
     assert [s["stage"] for s in stages][:2] == ["verified", "sql"]
     assert all(set(s) == {"type", "stage", "seconds", "data"} for s in stages)
