@@ -27,6 +27,7 @@ from switchyard.messages.sql import (
     SqlAnswer,
     SqlAsk,
     StageEvent,
+    StageProgress,
     ValidateReply,
     ValidateRequest,
 )
@@ -50,6 +51,7 @@ ENVELOPES: dict[str, type[Envelope]] = {
         ExecuteRequest,
         ExecuteReply,
         StageEvent,
+        StageProgress,
         AuditEvent,
     )
 }

@@ -44,6 +44,7 @@ from switchyard.messages.sql import (
     SqlAnswer,
     SqlAsk,
     StageEvent,
+    StageProgress,
     ValidateReply,
     ValidateRequest,
 )
@@ -64,6 +65,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     ExecuteRequest,
     ExecuteReply,
     StageEvent,
+    StageProgress,
     AuditEvent,
     DeadLetter,
     WorkerHeartbeat,
@@ -112,8 +114,9 @@ CHANNELS: tuple[Channel, ...] = (
     Channel("replyInbox", "{inbox}", (TokenFrame,),
             "Token stream of one request: ordered frames ending with one end or error frame.",
             "core NATS"),
-    Channel("sqlReplyInbox", "{inbox}", (StageEvent, SqlAnswer),
-            "Stages of one question as they happen, ending with its answer.",
+    Channel("sqlReplyInbox", "{inbox}", (StageEvent, StageProgress, SqlAnswer),
+            "Stages of one question as they happen, a progress frame every few seconds "
+            "while it is worked on (silence: the orchestrator is gone), ending with its answer.",
             "core NATS"),
     Channel("cancel", "cancel.{requestId}", (Cancel,), "Cancel a queued or running request.",
             "core NATS"),

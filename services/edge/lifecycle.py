@@ -22,6 +22,7 @@ A streamed response outlives its route function: the route enters the lifecycle 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Generic
@@ -42,7 +43,7 @@ from switchyard.errors import SwitchyardError
 from switchyard.logging import get_logger
 from switchyard.messages.idempotency import Claim
 from switchyard.messages.inference import ChatRequest, Workload
-from switchyard.messages.sql import SqlAsk
+from switchyard.messages.sql import SqlAsk, StageProgress
 
 log = get_logger(__name__)
 
@@ -133,7 +134,12 @@ class Flight(Generic[Final]):
     async def first(self, grace: float) -> Progress | Final | None:
         """What comes within `grace`, before a stream commits to its 200: a refusal, or a
         final that is not an answer, is then a real HTTP status."""
+        until = time.monotonic() + grace
         item = await self.next(grace)
+        # A question's keepalive (sqlflow sends one as it takes it) says it is worked on,
+        # not how it went: it commits nothing, and the grace goes on for a refusal.
+        while isinstance(item, StageProgress) and (left := until - time.monotonic()) > 0:
+            item = await self.next(left) or item
         if isinstance(item, self.reply.final):
             self.check(item)
         return item
@@ -176,7 +182,8 @@ class Flight(Generic[Final]):
 async def request_lifecycle(
     state: EdgeState, request: Request, workload: Workload, final: type[Final],
     message: Envelope, *, key: str | None, fingerprint: Callable[[], str],
-    idle_timeout: float | None = None, statuses: Statuses = NO_OVERRIDES,
+    idle_timeout: float | None = None, first_timeout: float | None = None,
+    statuses: Statuses = NO_OVERRIDES,
 ) -> AsyncIterator[Flight[Final] | Replay[Final]]:  # fmt: skip
     """Claim `key` (if given) for `message`, publish it, and clean up after it; see the
     module's docstring. `fingerprint()` identifies the request's content, so a key reused
@@ -193,7 +200,7 @@ async def request_lifecycle(
                 return
             adopting, message = True, message.model_copy(update={"id": held.request_id})
     idle = idle_timeout or state.settings.idle_timeout
-    reply: Reply[Final] = Reply(state.bus, final, idle_timeout=idle)
+    reply: Reply[Final] = Reply(state.bus, final, idle_timeout=idle, first_timeout=first_timeout)
     try:
         stored = await reply.start(sends(message, state.settings.chat_pool),
                                    patience=INGRESS_PATIENCE)  # fmt: skip

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from switchyard.config import Settings
 from switchyard.messages.agent import MAX_FRAME_BYTES
+from switchyard.messages.sql import IDLE_TIMEOUT
 
 SUBJECT_TOKEN = r"^[A-Za-z0-9_-]{1,64}$"  # noqa: S105 - a regex, not a secret
 
@@ -44,10 +45,13 @@ class EdgeSettings(Settings):
     max_frame_bytes: int = Field(default=MAX_FRAME_BYTES, ge=1024, le=MAX_FRAME_BYTES)
     # An agent step's deadline (published; the router answers `expired` -> 504).
     agent_timeout: float = Field(default=30.0, gt=0, le=3600)
-    # `POST /v1/sql/ask`: the pool a key needs, and the longest silence between two of
-    # the orchestrator's events (also the question's deadline to be started by).
+    # `POST /v1/sql/ask`: the pool a key needs; the question's deadline (to be started by,
+    # and its model calls' deadline: a CPU model may need a minute for one statement);
+    # the longest silence from the orchestrator, whose keepalives (every
+    # `keepalive_interval`, 5 s) make a silence that long an orchestrator gone.
     sql_pool: str = Field(default="sql", pattern=SUBJECT_TOKEN)
     sql_timeout: float = Field(default=120.0, gt=0, le=3600)
+    sql_idle_timeout: float = Field(default=IDLE_TIMEOUT, gt=0, le=3600)
     max_messages: int = Field(default=256, ge=1, le=256)
     max_message_chars: int = Field(default=128 * 1024, ge=1, le=256 * 1024)
     max_tokens_cap: int = Field(default=4096, ge=1, le=32768)

@@ -5,8 +5,12 @@ deadline, and sends the `SqlAsk` on `sql.in.<tenant>` through the request lifecy
 (`edge.lifecycle`, as a chat: Idempotency-Key, patience through a leader election,
 a typed 503 `bus_unavailable`), reading the orchestrator's `StageEvent`s and final
 `SqlAnswer` from its reply inbox. A stream renders each stage as
-`data: {"type": "stage", ...}`, then `data: {"type": "answer", ...}`, then
-`data: [DONE]`.
+`data: {"type": "stage", ...}`, each of the orchestrator's keepalives (every few
+seconds while it works: which stage, for how long, the model's tokens so far) as
+`data: {"type": "progress", ...}`, then `data: {"type": "answer", ...}`, then
+`data: [DONE]`. The keepalives are also what keeps a proxy from closing a stream
+that waits on a slow model; the edge's `sql_idle_timeout` is silence on the bus,
+which they make an orchestrator gone, not a slow stage.
 
 When the client goes away before the answer, the lifecycle publishes
 `cancel.<request id>`: sqlflow stops the question (and its model call) and answers
@@ -34,6 +38,7 @@ from switchyard.messages.sql import (
     SqlText,
     StageEvent,
     StageName,
+    StageProgress,
 )
 
 MAX_ROWS = 10_000  # the HTTP cap; the bus allows more, an HTTP body should not carry it
@@ -106,6 +111,19 @@ class StageBody(BaseModel):
     data: dict[str, Any] = {}
 
 
+class ProgressBody(BaseModel):
+    """One SSE keepalive: the question is still worked on (not a stage; a client that
+    lists stages skips it)."""
+
+    type: Literal["progress"] = "progress"
+    stage: StageName | None = Field(description="the stage under way; null between stages")
+    seconds: float = Field(description="how long that stage has run so far")
+    elapsed: float = Field(description="since the orchestrator took the question")
+    tokens: int | None = Field(
+        description="output tokens the stage's model call has streamed so far; null: no model call"
+    )
+
+
 def answer_body(answer: SqlAnswer) -> dict[str, Any]:
     return answer.model_dump(mode="json", include=ANSWER_FIELDS)
 
@@ -116,12 +134,22 @@ def stage_body(event: StageEvent) -> dict[str, Any]:
     )
 
 
+def progress_body(progress: StageProgress) -> dict[str, Any]:
+    body = ProgressBody(stage=progress.stage, seconds=progress.seconds,
+                        elapsed=progress.elapsed, tokens=progress.tokens)  # fmt: skip
+    return body.model_dump(mode="json")
+
+
 class SqlStream(sse.Render[SqlAnswer]):
-    """A streamed question: an event per stage, then the answer whatever its status (an
-    error event only when no answer came)."""
+    """A streamed question: an event per stage and per keepalive, then the answer whatever
+    its status (an error event only when no answer came)."""
 
     def progress(self, item: Progress) -> str | None:
-        return sse.event(stage_body(item)) if isinstance(item, StageEvent) else None
+        if isinstance(item, StageEvent):
+            return sse.event(stage_body(item))
+        if isinstance(item, StageProgress):
+            return sse.event(progress_body(item))
+        return None
 
     async def final(self, flight: Flight[SqlAnswer], final: SqlAnswer) -> list[str]:
         await flight.finish(final)  # (one that is not an answer releases the key)

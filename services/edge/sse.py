@@ -15,8 +15,6 @@ from pydantic import BaseModel
 from services.edge.errors import ApiError
 from services.edge.lifecycle import POLL, Flight
 from switchyard.bus.reply import Final, Progress
-from switchyard.messages.inference import TokenFrame
-from switchyard.messages.sql import StageEvent
 
 HEADERS = {
     "Cache-Control": "no-cache",
@@ -69,7 +67,7 @@ async def events(
                 if time.monotonic() - silent_since >= heartbeat:
                     silent_since = time.monotonic()
                     yield HEARTBEAT
-            elif isinstance(item, TokenFrame | StageEvent):
+            elif isinstance(item, Progress):
                 silent_since = time.monotonic()
                 if (said := render.progress(item)) is not None:
                     yield said

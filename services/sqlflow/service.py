@@ -1,7 +1,9 @@
 """The sqlflow process: questions from `sql.in.>` become answers, stage by stage.
 
 Consumes `INGRESS` through the durable `sqlflow` consumer (a crash mid-question
-redelivers it). Stage events go to the asker's reply inbox as they happen; the
+redelivers it). Stage events go to the asker's reply inbox as they happen, and a
+`StageProgress` every `keepalive_interval` seconds until the answer, so an asker's
+idle timeout measures a gone orchestrator, not a slow model; the
 answer goes to `res.sql.<tenant>` first, deduplicated by `res-<request id>`, and
 then to the inbox, so a redelivered question is never answered twice. A question
 that cannot be answered (undecodable, expired, failing every attempt) is
@@ -15,6 +17,7 @@ import contextlib
 import time
 from typing import Any
 
+import nats.errors
 from nats.aio.msg import Msg
 
 from services.sqlflow import metrics
@@ -33,7 +36,7 @@ from switchyard.text2sql.fleet import FleetModel
 from switchyard.text2sql.guard import GuardClient
 from switchyard.text2sql.index import KnowledgeIndex
 from switchyard.text2sql.knowledge import KnowledgeStore
-from switchyard.text2sql.pipeline import Pipeline
+from switchyard.text2sql.pipeline import Pipeline, Underway
 
 log = get_logger(__name__)
 
@@ -109,8 +112,10 @@ async def run_sqlflow(
                                        stage=stage, seconds=seconds, data=data)  # fmt: skip
                     await bus.nc.publish(ask.reply, encode(event))
 
-            task = asyncio.create_task(pipeline.answer(ask, emit))
+            underway = Underway()
+            task = asyncio.create_task(pipeline.answer(ask, emit, underway))
             running[ask.id] = task
+            beats = asyncio.create_task(keep_alive(ask, ask.reply, underway)) if ask.reply else None
             try:
                 answer = await task
             except asyncio.CancelledError:
@@ -121,9 +126,24 @@ async def run_sqlflow(
                 await pipeline.audit(answer)
             finally:
                 running.pop(ask.id, None)
+                if beats is not None:
+                    # Before the answer: no keepalive may follow it; and a question
+                    # this process gives up (stopping) falls silent with it.
+                    beats.cancel()
             await deliver(bus, answer, ask.reply)
             log.info("sqlflow.answered", path=answer.path, status=answer.status,
                      seconds=round(answer.duration, 3))  # fmt: skip
+
+    async def keep_alive(ask: SqlAsk, reply: str, underway: Underway) -> None:
+        """A `StageProgress` on the asker's inbox now (the question is taken: the asker's
+        wait for its turn is over) and every `keepalive_interval` s after, whatever the
+        stages do: a fixed beat is what lets the asker tell silence from slowness."""
+        while True:
+            # Best effort: a frame that cannot go out (the connection reconnecting past
+            # its buffer) is as if lost; the next one may, and the question goes on.
+            with contextlib.suppress(nats.errors.Error):
+                await bus.nc.publish(reply, encode(underway.progress(ask)))
+            await asyncio.sleep(settings.keepalive_interval)
 
     async def on_give_up(msg: Msg, code: ErrorCode, reason: str) -> None:
         with contextlib.suppress(DecodeError):

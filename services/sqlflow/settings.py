@@ -12,6 +12,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from switchyard.config import Settings
+from switchyard.messages.sql import KEEPALIVE_INTERVAL
 from switchyard.text2sql.grammar import GRAMMAR_VIEWS, MAX_GRAMMAR_VIEWS
 from switchyard.text2sql.matching import SEMANTIC_THRESHOLD, VERIFIED_THRESHOLD
 from switchyard.text2sql.pipeline import FlowOptions
@@ -33,6 +34,10 @@ class SqlflowSettings(Settings):
     ingress_ack_wait: float = Field(default=30.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     model_idle_timeout: float = Field(default=60.0, gt=0)
+    # A `StageProgress` on the asker's reply inbox every this many seconds while a question
+    # is worked on: askers' idle timeouts (`messages.sql.IDLE_TIMEOUT`, 30 s, by default)
+    # count on several of them, so raising it means raising those.
+    keepalive_interval: float = Field(default=KEEPALIVE_INTERVAL, gt=0, le=60)
     guard_timeout: float = Field(default=20.0, gt=0)
     drain_timeout: float = Field(default=30.0, gt=0)
 

@@ -78,8 +78,8 @@ async def test_silence_is_504_and_an_error_event_with_heartbeats(
     await provision_pool(bus.js, f"q{unique}")
     keys = write_keys(tmp_path / "keys.yaml", KEYS)
     async with (
-        edge_in_process(nats_url, api_keys_file=keys, sql_timeout=1.0, sse_heartbeat=0.2,
-                        first_frame_grace=0.1) as url,
+        edge_in_process(nats_url, api_keys_file=keys, sql_timeout=1.0, sql_idle_timeout=1.0,
+                        sse_heartbeat=0.2, first_frame_grace=0.1) as url,
         httpx.AsyncClient(base_url=url, timeout=30) as http,
     ):  # fmt: skip
         r = await http.post("/v1/sql/ask", json={"question": "Anyone there?"}, headers=auth())
@@ -176,9 +176,13 @@ async def test_streamed_question_is_stages_then_the_answer_then_done(sql_edge: s
         body = {"question": VERIFIED.question, "stream": True, "no_cache": True}
         r, lines = await sse(http, body)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-    *stages, answer, done = data_of(lines)
+    *events, answer, done = data_of(lines)
     assert done == "[DONE]"
-    assert stages and all(s["type"] == "stage" for s in stages)
+    stages = [e for e in events if e["type"] == "stage"]
+    progress = [e for e in events if e["type"] == "progress"]
+    # sqlflow's keepalives, if any came after the first-frame grace, are progress events
+    assert stages and len(stages) + len(progress) == len(events), events
+    assert all(set(p) == {"type", "stage", "seconds", "elapsed", "tokens"} for p in progress)
     assert [s["stage"] for s in stages][:2] == ["verified", "sql"]
     assert all(set(s) == {"type", "stage", "seconds", "data"} for s in stages)
     assert answer["type"] == "answer" and answer["status"] == "ok"
@@ -277,7 +281,8 @@ async def test_client_leaving_mid_stream_cancels_the_question(sql_edge: str, bus
             assert r.status_code == 200
             rid = r.headers["x-request-id"]
             async for line in r.aiter_lines():
-                if line.startswith("data: {") and json.loads(line[6:]).get("stage") == "scope":
+                event = json.loads(line[6:]) if line.startswith("data: {") else {}
+                if event.get("type") == "stage" and event.get("stage") == "scope":
                     break  # leave with the SQL being generated
         await until(lambda: any(a.request_id == rid for a in answers), timeout=30,
                     what="the cancelled answer")  # fmt: skip

@@ -19,7 +19,7 @@ from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError
 from switchyard.messages.deadletter import DeadLetter
 from switchyard.messages.inference import Cancel, GenerateRequest, GenerateResult
-from switchyard.messages.sql import AuditEvent, ExecuteReply, SqlAnswer, SqlAsk
+from switchyard.messages.sql import AuditEvent, ExecuteReply, SqlAnswer, SqlAsk, StageProgress
 from switchyard.sqlguard import validate
 from switchyard.text2sql.client import ask_question, stream_answer
 from switchyard.text2sql.knowledge import KnowledgeStore
@@ -301,6 +301,8 @@ async def test_a_cancelled_question_stops_its_model_call(
                 if isinstance(item, SqlAnswer):
                     answer = item
                     break
+                if isinstance(item, StageProgress):
+                    continue  # a keepalive (it may name "sql" under way): no stage ended
                 stages.append(item.stage)
                 if item.stage == "scope":  # the SQL generation starts now
                     await until(lambda: generating(bus, f"q{unique}-w0"), timeout=60,

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from switchyard.bus.connection import Bus
-from switchyard.bus.tokenstream import TokenStreamReader, TokenStreamWriter
+from switchyard.bus.tokenstream import Inbox, TokenStreamReader, TokenStreamWriter
 from switchyard.errors import StreamTimeout
 from switchyard.messages.inference import ErrorInfo, GenerateResult, TokenFrame
 from tests.support.poll import until
@@ -137,3 +137,18 @@ async def test_next_with_a_timeout_loses_nothing_and_idleness_still_ends_the_str
         with pytest.raises(StreamTimeout):
             while True:
                 await reader.next(0.1)
+
+
+async def test_the_wait_for_the_first_message_may_be_longer_than_the_silence_after(
+    bus: Bus,
+) -> None:
+    """`first_timeout`: a question queued behind others has nobody to speak for it, so
+    the asker waits longer for its first frame than it lets the orchestrator go silent."""
+    async with Inbox(bus.nc, idle_timeout=0.2, first_timeout=30) as inbox:
+        # five idle timeouts without a message: still waiting (None), no StreamTimeout
+        assert await inbox.message(timeout=1.0) is None
+        await bus.nc.publish(inbox.inbox, b"taken")
+        first = await inbox.message(timeout=10)
+        assert first is not None and first.data == b"taken"
+        with pytest.raises(StreamTimeout, match=r"silent for 0\.2s"):
+            await inbox.message(timeout=10)  # now the idle timeout holds

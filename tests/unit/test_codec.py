@@ -33,6 +33,7 @@ from switchyard.messages.sql import (
     SqlAnswer,
     SqlAsk,
     StageEvent,
+    StageProgress,
     ValidateReply,
     ValidateRequest,
 )
@@ -110,6 +111,7 @@ SAMPLES = [
     ),
     ExecuteReply(tenant="t1", request_id="R1", ok=True, columns=["a"], rows=[[1], [None]]),
     StageEvent(tenant="t1", request_id="R1", stage="sql", data={"sql": "SELECT 1"}),
+    StageProgress(tenant="t1", request_id="R1", stage="sql", seconds=9.5, elapsed=12.0, tokens=7),
     SqlAnswer(
         tenant="t1",
         request_id="R1",

@@ -255,6 +255,31 @@ async def test_sql_ask_json_carries_facts_and_the_summary_source(
     assert printed["facts"]["kind"] == "value" and printed["facts"]["values"][0]["value"] == 451
 
 
+async def test_sql_ask_shows_keepalives_as_no_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    """`sy sql ask` prints each stage once; the orchestrator's keepalives between them are
+    no stage lines (piped, as here, they draw nothing; on a terminal, one status line)."""
+    from switchyard.cli.text2sql_commands import _show
+    from switchyard.messages.sql import SqlAnswer, StageEvent, StageProgress
+
+    def beat(tokens: int) -> StageProgress:
+        return StageProgress(tenant="acme", request_id="r1", stage="sql", seconds=tokens,
+                             elapsed=tokens, tokens=tokens)  # fmt: skip
+
+    async def items() -> Any:
+        yield StageEvent(tenant="acme", request_id="r1", stage="scope", data={"mode": "full"})
+        for tokens in range(3):
+            yield beat(tokens)
+        yield StageEvent(tenant="acme", request_id="r1", stage="sql", data={"sql": "SELECT 1"})
+        yield SqlAnswer(tenant="acme", request_id="r1", status="ok", path="generated",
+                        question="q", sql="SELECT 1")  # fmt: skip
+
+    assert await _show(items(), as_json=False) == 0
+    lines = capsys.readouterr().out.splitlines()
+    shown = [line.split()[2] for line in lines if " ms " in line]
+    assert shown == ["scope", "sql"], lines
+    assert not any("working" in line or "tokens" in line for line in lines), lines
+
+
 async def test_the_evaluation_counts_ungrounded_summaries() -> None:
     from switchyard.text2sql.evaluation import (
         EvalItem,

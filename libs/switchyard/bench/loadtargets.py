@@ -25,7 +25,7 @@ from switchyard.bus.tokenstream import TokenStreamReader
 from switchyard.errors import StreamTimeout
 from switchyard.messages.agent import AgentStep, RawFrame, StepOptions
 from switchyard.messages.inference import ChatMessage, ChatRequest, GenerateResult, Sampling
-from switchyard.messages.sql import SqlAnswer, SqlAsk
+from switchyard.messages.sql import SqlAnswer, SqlAsk, StageProgress
 from switchyard.text2sql.client import stream_answer
 
 
@@ -99,6 +99,8 @@ class NatsTarget:
                     rec.finish = now
                     _sql_outcome(rec, item.status, item.error.code if item.error else None)
                     return
+                if isinstance(item, StageProgress):
+                    continue  # a keepalive: no stage, not the stream's progress
                 if rec.first is None:
                     rec.first = now
                 rec.token_times.append(now)

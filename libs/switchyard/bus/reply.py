@@ -6,10 +6,11 @@ there in one of two shapes, one per kind of final:
 
 - a `GenerateResult` ends a token stream: ordered `TokenFrame`s (`tokenstream`), deltas
   then one `end` (the result) or `error` frame;
-- a `SqlAnswer` ends a question: its `StageEvent`s as they happen, then the answer.
+- a `SqlAnswer` ends a question: its `StageEvent`s as they happen, a `StageProgress`
+  every few seconds while it is worked on, then the answer.
 
 `Reply[Final]` reads either on the connection's shared wildcard inbox: `next()` gives
-each progress item (a delta frame, a stage) and then the final; an `error` frame raises
+each progress item (a delta frame, a stage, a keepalive) and then the final; an `error` frame raises
 `Refused`, silence `StreamTimeout`. `cancel()` is the one `cancel.<request id>` publisher.
 """
 
@@ -29,10 +30,10 @@ from switchyard.codec import decode_envelope, encode
 from switchyard.envelope import Envelope
 from switchyard.errors import DecodeError, ErrorCode, SwitchyardError
 from switchyard.messages.inference import Cancel, ErrorInfo, GenerateResult, TokenFrame
-from switchyard.messages.sql import SqlAnswer, StageEvent
+from switchyard.messages.sql import SqlAnswer, StageEvent, StageProgress
 
 Final = TypeVar("Final", GenerateResult, SqlAnswer)
-Progress = TokenFrame | StageEvent  # a delta frame, a question's stage
+Progress = TokenFrame | StageEvent | StageProgress  # a delta frame, a stage, a keepalive
 
 _CODES: frozenset[str] = frozenset(get_args(ErrorCode))
 
@@ -81,13 +82,18 @@ class Reply(Generic[Final]):
     """`async with Reply(bus, SqlAnswer, idle_timeout=…) as reply:` `await reply.start(…)`,
     then `next(timeout)` (None: nothing yet, ask again) or `async for item in reply`."""
 
-    def __init__(self, bus: Bus, final: type[Final], *, idle_timeout: float) -> None:
+    def __init__(
+        self, bus: Bus, final: type[Final], *, idle_timeout: float,
+        first_timeout: float | None = None,
+    ) -> None:  # fmt: skip
+        """`idle_timeout`: the longest silence; `first_timeout`, when given, the longest
+        before the first item (`tokenstream.Inbox`)."""
         self.bus = bus
         self.final: type[Final] = final
         self._frames = (
-            TokenStreamReader(bus.nc, idle_timeout=idle_timeout)
+            TokenStreamReader(bus.nc, idle_timeout=idle_timeout, first_timeout=first_timeout)
             if final is GenerateResult
-            else Inbox(bus.nc, idle_timeout=idle_timeout)
+            else Inbox(bus.nc, idle_timeout=idle_timeout, first_timeout=first_timeout)
         )
         self.request_id = self.tenant = ""
         self.finished = False  # the final (or an error frame) came, or the reply broke
@@ -147,7 +153,7 @@ class Reply(Generic[Final]):
         if msg is None:
             return None
         item = decode_envelope(msg.data)
-        if not isinstance(item, StageEvent | self.final):
+        if not isinstance(item, StageEvent | StageProgress | self.final):
             raise DecodeError(f"unexpected {item.kind} on a reply inbox", code="schema")
         return item
 

@@ -155,13 +155,20 @@ _INBOXES: weakref.WeakKeyDictionary[Client, _Inboxes] = weakref.WeakKeyDictionar
 class Inbox:
     """One request's reply inbox on the connection's shared wildcard subscription: the
     messages that arrive there, in arrival order, and the idle clock (`StreamTimeout`
-    once nothing came for `idle_timeout`). Open it (`async with`), then publish the
-    request with `reply=inbox.inbox`."""
+    once nothing came for `idle_timeout`; before the first message, for `first_timeout`
+    when given: a request may wait its turn in a stream longer than its server, once it
+    has it, may stay silent). Open it (`async with`), then publish the request with
+    `reply=inbox.inbox`."""
 
-    def __init__(self, nc: Client, *, idle_timeout: float, max_frames: int = 1_000_000) -> None:
+    def __init__(
+        self, nc: Client, *, idle_timeout: float, first_timeout: float | None = None,
+        max_frames: int = 1_000_000,
+    ) -> None:  # fmt: skip
         self.nc = nc
         self.inbox = ""  # set on entry
         self.idle_timeout = idle_timeout
+        self.first_timeout = first_timeout
+        self._heard_any = False
         self.max_frames = max_frames
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()
         self._inboxes = _INBOXES.get(nc) or _INBOXES.setdefault(nc, _Inboxes(nc))
@@ -179,14 +186,17 @@ class Inbox:
         """The next message, or None if none came within `timeout`; raises `StreamTimeout`
         once the inbox has been silent for `idle_timeout`. A timeout loses nothing."""
         if not self._queue.empty():
-            self._heard = time.monotonic()
+            self._heard, self._heard_any = time.monotonic(), True
             return self._queue.get_nowait()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             now = time.monotonic()
-            idle_left = self._heard + self.idle_timeout - now
+            limit = self.idle_timeout
+            if not self._heard_any and self.first_timeout is not None:
+                limit = self.first_timeout
+            idle_left = self._heard + limit - now
             if idle_left <= 0:
-                silent = f"{self.inbox} silent for {self.idle_timeout}s"
+                silent = f"{self.inbox} silent for {limit}s"
                 raise StreamTimeout(f"reply inbox {silent} without an end-of-stream frame")
             wait = idle_left if deadline is None else min(idle_left, deadline - now)
             if wait <= 0:
@@ -196,7 +206,7 @@ class Inbox:
                     msg = await self._queue.get()
             except TimeoutError:
                 continue
-            self._heard = time.monotonic()
+            self._heard, self._heard_any = time.monotonic(), True
             return msg
 
 
@@ -207,8 +217,12 @@ class TokenStreamReader(Inbox):
     `async with TokenStreamReader(nc, idle_timeout=5) as stream:` … `async for frame in stream`.
     """
 
-    def __init__(self, nc: Client, *, idle_timeout: float, max_frames: int = 1_000_000) -> None:
-        super().__init__(nc, idle_timeout=idle_timeout, max_frames=max_frames)
+    def __init__(
+        self, nc: Client, *, idle_timeout: float, first_timeout: float | None = None,
+        max_frames: int = 1_000_000,
+    ) -> None:  # fmt: skip
+        super().__init__(nc, idle_timeout=idle_timeout, first_timeout=first_timeout,
+                         max_frames=max_frames)  # fmt: skip
         # In-order delivery across attempts (a request taken over by another worker).
         self._ready: collections.deque[TokenFrame] = collections.deque()
         self._held: dict[int, TokenFrame] = {}

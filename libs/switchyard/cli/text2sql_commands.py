@@ -18,7 +18,14 @@ from rich.table import Table
 
 from switchyard.cli.bus_commands import NatsUrl, cli_connect
 from switchyard.config import Settings
-from switchyard.messages.sql import AuditEvent, SqlAnswer, SqlAsk, StageEvent
+from switchyard.messages.sql import (
+    IDLE_TIMEOUT,
+    AuditEvent,
+    SqlAnswer,
+    SqlAsk,
+    StageEvent,
+    StageProgress,
+)
 from switchyard.text2sql.matching import SEMANTIC_THRESHOLD, VERIFIED_THRESHOLD
 
 console = Console()
@@ -57,6 +64,14 @@ def _print_stage(event: StageEvent) -> None:
                   f"{text[:160]}", highlight=False)  # fmt: skip
 
 
+def _progress_text(progress: StageProgress) -> str:
+    doing = (
+        f"working on {progress.stage} for {progress.seconds:.0f} s" if progress.stage else "working"
+    )
+    tokens = f", {progress.tokens} tokens so far" if progress.tokens is not None else ""
+    return f"[dim]{doing}{tokens} ({progress.elapsed:.0f} s in)[/dim]"
+
+
 def _print_answer(answer: SqlAnswer) -> None:
     color = {"ok": "green", "clarify": "yellow"}.get(answer.status, "red")
     console.print(f"[{color}]{answer.status}[/{color}] via {answer.path} "
@@ -93,18 +108,31 @@ async def _ask(ask: SqlAsk, nats_url: str | None, as_json: bool, timeout: float)
         await bus.close()
 
 
-async def _show(items: AsyncIterator[StageEvent | SqlAnswer], as_json: bool) -> int:
-    async for item in items:
-        if isinstance(item, StageEvent):
-            if not as_json:
-                _print_stage(item)
-            continue
-        if as_json:
-            console.print_json(item.model_dump_json())
-        else:
-            _print_answer(item)
-        return 0 if item.status in ("ok", "clarify") else 1
-    return 1
+async def _show(items: AsyncIterator[StageEvent | StageProgress | SqlAnswer], as_json: bool) -> int:
+    # Keepalives are no stages: on a terminal one status line under the stages says what
+    # is under way, redrawn in place and gone before the next stage prints; piped, it
+    # draws nothing (rich's Status on a console that is not a terminal).
+    working = console.status("", spinner="dots")
+    try:
+        async for item in items:
+            if isinstance(item, StageProgress):
+                if not as_json:
+                    working.update(_progress_text(item))
+                    working.start()
+                continue
+            working.stop()
+            if isinstance(item, StageEvent):
+                if not as_json:
+                    _print_stage(item)
+                continue
+            if as_json:
+                console.print_json(item.model_dump_json())
+            else:
+                _print_answer(item)
+            return 0 if item.status in ("ok", "clarify") else 1
+        return 1
+    finally:
+        working.stop()
 
 
 def register(sql: typer.Typer) -> None:
@@ -115,7 +143,7 @@ def register(sql: typer.Typer) -> None:
         nats_url: NatsUrl = None,
         as_json: AsJson = False,
         no_cache: Annotated[bool, typer.Option("--no-cache", help="skip every cache")] = False,
-        timeout: Annotated[float, typer.Option(help="seconds of silence to wait")] = 120.0,
+        timeout: Annotated[float, typer.Option(help="seconds of silence to wait")] = IDLE_TIMEOUT,
     ) -> None:
         """Ask a question of a running fleet; stages stream as they happen."""
         message = SqlAsk(tenant=tenant, question=question, no_cache=no_cache)
@@ -130,7 +158,7 @@ def register(sql: typer.Typer) -> None:
         ),
         nats_url: NatsUrl = None,
         as_json: AsJson = False,
-        timeout: Annotated[float, typer.Option(help="seconds of silence to wait")] = 120.0,
+        timeout: Annotated[float, typer.Option(help="seconds of silence to wait")] = IDLE_TIMEOUT,
     ) -> None:
         """Validate a tenant's own SQL; if the walls refuse it, get one corrected version."""
         message = SqlAsk(tenant=tenant, question=question, fix_sql=statement, no_cache=True)

@@ -125,6 +125,35 @@ class StageEvent(Envelope):
     data: dict[str, Any] = {}
 
 
+# sqlflow's default `keepalive_interval`, and the silence an asker waits by default once
+# the orchestrator has taken its question (the CLI, `text2sql.client`, the edge's
+# `sql_idle_timeout`): six missed keepalives, so it measures an orchestrator gone, never a
+# slow model. Before that, a question may wait in INGRESS behind others, where nothing
+# speaks for it: `FIRST_TIMEOUT` (the edge: its `sql_timeout`, the question's deadline).
+KEEPALIVE_INTERVAL = 5.0
+IDLE_TIMEOUT = 30.0
+FIRST_TIMEOUT = 120.0
+
+
+class StageProgress(Envelope):
+    """A question still being worked on: sqlflow sends one on the asker's reply inbox
+    every `keepalive_interval` seconds until the answer, so that silence there means
+    the orchestrator is gone (stopped, crashed, cut off), not that a stage is slow (a
+    CPU model writing SQL at a token a second). Not a stage: it ends nothing, and the
+    answer's `stages` never counts it."""
+
+    kind: Literal["sql.progress"] = "sql.progress"
+    request_id: RequestId
+    # The stage under way (named by the stage event it will end with), or None between
+    # stages and while the question is matched against the tenant's knowledge.
+    stage: StageName | None = None
+    seconds: float = Field(default=0.0, ge=0)  # how long that stage has run so far
+    elapsed: float = Field(default=0.0, ge=0)  # since the orchestrator took the question
+    # Output tokens the stage's model call has streamed so far (0: still in prefill, or
+    # queued); None when the stage under way is no model call.
+    tokens: int | None = Field(default=None, ge=0)
+
+
 AnswerPath = Literal[
     "exact_cache",  # the same question, same knowledge version, recently answered
     "semantic_cache",  # a near-identical earlier question's SQL, re-run

@@ -14,33 +14,49 @@ from switchyard import subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.reply import Reply
 from switchyard.errors import StreamTimeout
-from switchyard.messages.sql import SqlAnswer, SqlAsk, StageEvent
+from switchyard.messages.sql import (
+    FIRST_TIMEOUT,
+    IDLE_TIMEOUT,
+    SqlAnswer,
+    SqlAsk,
+    StageEvent,
+    StageProgress,
+)
 
 
 async def stream_answer(
-    bus: Bus, ask: SqlAsk, *, idle_timeout: float = 120.0
-) -> AsyncGenerator[StageEvent | SqlAnswer, None]:
-    """Yield each stage event as it arrives, and last the answer.
+    bus: Bus, ask: SqlAsk, *, idle_timeout: float = IDLE_TIMEOUT,
+    first_timeout: float = FIRST_TIMEOUT,
+) -> AsyncGenerator[StageEvent | StageProgress | SqlAnswer, None]:  # fmt: skip
+    """Yield each stage event and keepalive (`StageProgress`) as it arrives, and last the
+    answer.
 
-    `idle_timeout` bounds the silence between two events (a model call on a busy
-    CPU can take a while), not the whole question. The question is published
-    patiently: a stream electing a leader makes it wait, not fail.
+    `idle_timeout` bounds the silence between two of them, not the whole question: the
+    orchestrator's keepalives go on however long a stage takes, so `StreamTimeout` means
+    it stopped or cannot be reached. `first_timeout` bounds the wait for the first (the
+    orchestrator says so as it takes the question; until then it may queue). The question
+    is published patiently: a stream electing a leader makes it wait, not fail.
     """
-    async with Reply(bus, SqlAnswer, idle_timeout=idle_timeout) as reply:
+    first = max(first_timeout, idle_timeout)  # (an explicit longer idle_timeout holds too)
+    async with Reply(bus, SqlAnswer, idle_timeout=idle_timeout, first_timeout=first) as reply:
         await reply.start([(subjects.sql_in(ask.tenant), ask)])
         async for item in reply:
-            if isinstance(item, StageEvent | SqlAnswer):
+            if isinstance(item, StageEvent | StageProgress | SqlAnswer):
                 yield item
 
 
 async def ask_question(
-    bus: Bus, tenant: str, question: str, *, idle_timeout: float = 120.0, **fields: Any
-) -> tuple[list[StageEvent], SqlAnswer]:
-    """The stage events and the answer of one question."""
+    bus: Bus, tenant: str, question: str, *, idle_timeout: float = IDLE_TIMEOUT,
+    first_timeout: float = FIRST_TIMEOUT, **fields: Any,
+) -> tuple[list[StageEvent], SqlAnswer]:  # fmt: skip
+    """The stage events (keepalives left out: they end no stage) and the answer of one
+    question."""
     ask = SqlAsk(tenant=tenant, question=question, **fields)
     events: list[StageEvent] = []
-    async for item in stream_answer(bus, ask, idle_timeout=idle_timeout):
+    async for item in stream_answer(bus, ask, idle_timeout=idle_timeout,
+                                    first_timeout=first_timeout):  # fmt: skip
         if isinstance(item, SqlAnswer):
             return events, item
-        events.append(item)
+        if isinstance(item, StageEvent):
+            events.append(item)
     raise StreamTimeout(f"question {ask.id} ended without an answer")

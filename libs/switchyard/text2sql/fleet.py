@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from switchyard import subjects
@@ -26,6 +27,7 @@ from switchyard.messages.inference import (
     GenerateResult,
     NoConstraint,
     Sampling,
+    TokenFrame,
 )
 from switchyard.token_estimate import estimate_tokens
 from switchyard.tracing import child
@@ -66,7 +68,10 @@ class FleetModel:
         max_tokens: int = 256,
         deadline: float | None = None,
         trace: str | None = None,
+        streamed: Callable[[int], None] | None = None,
     ) -> Completion:
+        """`streamed(n)` is told of each delta's `n` output tokens as they arrive (how far
+        the call has got, for the question's keepalive frames)."""
         started = time.perf_counter()
         req = GenerateRequest(
             tenant=tenant,
@@ -87,6 +92,8 @@ class FleetModel:
             await reply.start([(subjects.req("sql", tenant), req)])
             try:
                 async for item in reply:
+                    if isinstance(item, TokenFrame) and streamed is not None:
+                        streamed(item.tokens)
                     if isinstance(item, GenerateResult):
                         if (info := failure(item)) is not None:
                             raise SwitchyardError(

@@ -45,6 +45,7 @@ from switchyard.messages.sql import (
     SqlAnswer,
     SqlAsk,
     StageName,
+    StageProgress,
     ValidateReply,
 )
 from switchyard.sqlguard.audit import publish_audit, sql_audit
@@ -127,6 +128,34 @@ class Attempt:
 
 
 @dataclass
+class Underway:
+    """What a question is doing now, for its keepalive frames (`StageProgress`, sent by
+    whoever runs the pipeline): the stage under way, since when, and the output tokens its
+    model call has streamed so far (None: no model call)."""
+
+    started: float = field(default_factory=time.perf_counter)
+    stage: StageName | None = None
+    since: float = field(default_factory=time.perf_counter)
+    tokens: int | None = None
+
+    def begin(self, stage: StageName, *, model: bool = False) -> None:
+        self.stage, self.since, self.tokens = stage, time.perf_counter(), 0 if model else None
+
+    def done(self) -> None:
+        self.stage, self.since, self.tokens = None, time.perf_counter(), None
+
+    def streamed(self, tokens: int) -> None:
+        self.tokens = (self.tokens or 0) + tokens
+
+    def progress(self, ask: SqlAsk) -> StageProgress:
+        now = time.perf_counter()
+        return StageProgress(
+            tenant=ask.tenant, trace=ask.trace, request_id=ask.id, stage=self.stage,
+            seconds=now - self.since, elapsed=now - self.started, tokens=self.tokens,
+        )  # fmt: skip
+
+
+@dataclass
 class Run:
     """The state of one question while it is answered."""
 
@@ -137,9 +166,11 @@ class Run:
     started: float = field(default_factory=time.perf_counter)
     stages: dict[str, float] = field(default_factory=dict)
     intent: str | None = None
+    underway: Underway = field(default_factory=Underway)
 
     async def stage(self, stage: StageName, seconds: float, **data: Any) -> None:
         self.stages[stage] = round(self.stages.get(stage, 0.0) + seconds, 6)
+        self.underway.done()
         await self.emit(stage, seconds, data)
 
     def answer(self, **fields: Any) -> SqlAnswer:
@@ -179,10 +210,11 @@ class Pipeline:
 
     # -- entry -------------------------------------------------------------------------
 
-    async def answer(self, ask: SqlAsk, emit: Emit) -> SqlAnswer:
-        """Answer `ask`; every outcome, refusals included, is an answer and is audited."""
+    async def answer(self, ask: SqlAsk, emit: Emit, underway: Underway | None = None) -> SqlAnswer:
+        """Answer `ask`; every outcome, refusals included, is an answer and is audited.
+        `underway` is kept up to date with the stage being worked on."""
         try:
-            run = await self._start(ask, emit)
+            run = await self._start(ask, emit, underway or Underway())
         except SwitchyardError as exc:
             answer = _error_answer(ask, exc)
         else:
@@ -193,7 +225,7 @@ class Pipeline:
         await self.audit(answer)
         return answer
 
-    async def _start(self, ask: SqlAsk, emit: Emit) -> Run:
+    async def _start(self, ask: SqlAsk, emit: Emit, underway: Underway) -> Run:
         policy = self.policies.get(ask.tenant)
         if policy is None or not policy.database:
             raise SwitchyardError(f"no SQL policy for tenant {ask.tenant!r}", code="unknown_tenant")
@@ -202,7 +234,7 @@ class Pipeline:
         except SwitchyardError as exc:
             raise SwitchyardError(exc.reason, code="unknown_tenant") from exc
         await asyncio.to_thread(self.index.sync, knowledge)
-        return Run(ask, emit, knowledge, policy)
+        return Run(ask, emit, knowledge, policy, underway=underway)
 
     async def _answer(self, run: Run) -> SqlAnswer:
         ask, o = run.ask, self.options
@@ -301,10 +333,11 @@ class Pipeline:
     async def _generated(self, run: Run) -> SqlAnswer:
         ask = run.ask
         t = time.perf_counter()
+        run.underway.begin("intent", model=True)
         choice = await self.model.complete(
             ask.tenant, prompts.intent_messages(ask.question),
             constraint=ChoiceConstraint(choices=list(prompts.INTENTS)), max_tokens=8,
-            deadline=ask.deadline, trace=ask.trace,
+            deadline=ask.deadline, trace=ask.trace, streamed=run.underway.streamed,
         )  # fmt: skip
         said = choice.text.strip()
         run.intent = said if said in prompts.INTENTS else "lookup"
@@ -333,6 +366,7 @@ class Pipeline:
         and verified examples in what is left."""
         o, k = self.options, run.knowledge
         t = time.perf_counter()
+        run.underway.begin("scope")
         budget = o.context_budget_tokens
         every = [v.name for v in k.views]
         full = k.schema_text()
@@ -383,10 +417,11 @@ class Pipeline:
             done: Completion | None = None
             if sql is None:
                 t = time.perf_counter()
+                run.underway.begin("sql", model=True)
                 done = await self.model.complete(
                     ask.tenant, messages, constraint=grammar,
                     max_tokens=self.options.sql_max_tokens, deadline=ask.deadline,
-                    trace=ask.trace,
+                    trace=ask.trace, streamed=run.underway.streamed,
                 )  # fmt: skip
                 sql = done.text.strip()
                 await run.stage("sql", time.perf_counter() - t, sql=sql, attempt=attempt_no,
@@ -471,6 +506,7 @@ class Pipeline:
             raise SwitchyardError(f"tenant {ask.tenant}'s policy names no database")
         attempt = Attempt(sql)
         t = time.perf_counter()
+        run.underway.begin("validation")
         verdict = await self.guard.validate(
             ask.tenant, sql, database, question=ask.question, trace=ask.trace
         )
@@ -491,6 +527,7 @@ class Pipeline:
         # One call: the executor's EXPLAIN gate, then the run; a refusal without
         # `gate_passed` (the plan, or a check before it) is the "explain" stage's.
         t = time.perf_counter()
+        run.underway.begin("explain")  # (and then "rows": the same call)
         rows = await self.guard.run(ask.tenant, verdict, database, max_rows=ask.max_rows,
                                     gate=True, trace=ask.trace)  # fmt: skip
         took = time.perf_counter() - t  # split: the statement's own time is the run's
@@ -550,12 +587,13 @@ class Pipeline:
         digest = (prompts.result_digest(rows.columns, rows.rows, include_rows=True)
                   if self.options.rows_to_model else None)  # fmt: skip
         said: str | None = None
+        run.underway.begin("summary", model=True)
         try:
             done = await self.model.complete(
                 run.ask.tenant, prompts.summary_messages(question, template, facts_text(facts),
                                                          digest),
                 max_tokens=self.options.summary_max_tokens, deadline=run.ask.deadline,
-                trace=run.ask.trace,
+                trace=run.ask.trace, streamed=run.underway.streamed,
             )  # fmt: skip
             # A sentence cut by the token limit is no sentence; an echoed label is no answer.
             cut = done.result.finish_reason == "length"

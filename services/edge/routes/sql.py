@@ -44,8 +44,9 @@ async def sql_ask(
 ) -> Response:
     """A question -> its SQL, rows, summary and chart (or a clarifying question).
 
-    `stream: true`: SSE `{"type": "stage"}` events, then `{"type": "answer"}`, then
-    `[DONE]`. A retry with the same `Idempotency-Key` gets the first one's answer (the
+    `stream: true`: SSE `{"type": "stage"}` events and, every few seconds while the
+    question is worked on, `{"type": "progress"}` keepalives; then `{"type": "answer"}`,
+    then `[DONE]`. A retry with the same `Idempotency-Key` gets the first one's answer (the
     question runs once). Errors: 403 (`unknown_tenant`: no SQL policy), 400
     (`rejected_sql`), 429 `over_quota`, 503 `no_capacity` or `bus_unavailable` (with
     Retry-After), 504 (`expired`, or `timeout`: silence).
@@ -54,8 +55,8 @@ async def sql_ask(
     if not who.may_use_pool(settings.sql_pool):
         raise Forbidden("this key may not use the sql pool")
     # The orchestrator answers `expired` to a question it reads after its deadline:
-    # after `sql_timeout` of silence the edge has stopped listening, so starting
-    # the question then would be work for nobody.
+    # after `sql_timeout` the edge has stopped waiting for it to start (an idle
+    # timeout from then on), so starting the question then would be work for nobody.
     ask = body.ask(
         who.tenant, request_id(request), time.time() + settings.sql_timeout,
         traceparent(request),
@@ -65,7 +66,10 @@ async def sql_ask(
             request_lifecycle(
                 state, request, "sql", SqlAnswer, ask, key=idempotency_key,
                 fingerprint=lambda: fingerprint(body.model_dump_json().encode()),
-                idle_timeout=settings.sql_timeout, statuses=SQL_STATUS,
+                idle_timeout=settings.sql_idle_timeout, statuses=SQL_STATUS,
+                # Until the orchestrator takes it (it may queue in INGRESS): its deadline,
+                # after which it is answered `expired`, not started.
+                first_timeout=settings.sql_timeout,
             )
         )  # fmt: skip
         if isinstance(flight, Replay):
