@@ -259,16 +259,6 @@ class EmbeddedCluster:
             raise
         return self
 
-    def wait_for_leader(self, timeout: float = 30.0) -> str:
-        """The name of the JetStream meta leader, once the running members agree on one."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            leader = self.meta_leader()
-            if leader is not None:
-                return leader
-            time.sleep(0.1)
-        raise TimeoutError(f"no JetStream meta leader within {timeout}s; see {self.data_dir}")
-
     def wait_healthy(self, timeout: float = 30.0) -> None:
         """Until every running member answers `/healthz` with ok (its JetStream is current
         with the meta leader and its streams), e.g. after a member came back."""

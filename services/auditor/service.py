@@ -49,7 +49,6 @@ class Batcher:
         self._full = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
-        self.batches = 0
 
     async def submit(self, row: Row) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -100,7 +99,6 @@ class Batcher:
                     if not fut.done():
                         fut.set_exception(exc)
                 return
-        self.batches += 1
         metrics.BATCH_SECONDS.observe(time.perf_counter() - started)
         metrics.STORED.inc(inserted)
         metrics.DUPLICATES.inc(len(batch) - inserted)

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
+from functools import partial
 
 from services.preprocessor.service import run_preprocessor
 from services.preprocessor.settings import PreprocessorSettings
-from switchyard.bus.connection import Bus
 from switchyard.service import run_service
 
 
 def main() -> None:
     settings = PreprocessorSettings()
-
-    async def start(bus: Bus, stop: asyncio.Event) -> None:
-        await run_preprocessor(bus, stop, settings)
-
-    run_service("preprocessor", settings, start)
+    run_service("preprocessor", settings, partial(run_preprocessor, settings=settings))
 
 
 if __name__ == "__main__":

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
+from functools import partial
 
 from services.router.service import run_router
 from services.router.settings import RouterSettings
-from switchyard.bus.connection import Bus
 from switchyard.service import run_service
 
 
 def main() -> None:
     settings = RouterSettings()
-
-    async def start(bus: Bus, stop: asyncio.Event) -> None:
-        await run_router(bus, stop, settings)
-
-    run_service(f"router-{settings.router_id}", settings, start)
+    run_service(f"router-{settings.router_id}", settings, partial(run_router, settings=settings))
 
 
 if __name__ == "__main__":

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
+from functools import partial
 
 from services.validator.service import run_validator
 from services.validator.settings import ValidatorSettings
-from switchyard.bus.connection import Bus
 from switchyard.service import run_service
 
 
 def main() -> None:
     settings = ValidatorSettings()
-
-    async def start(bus: Bus, stop: asyncio.Event) -> None:
-        await run_validator(bus, stop, settings)
-
-    run_service("validator", settings, start)
+    run_service("validator", settings, partial(run_validator, settings=settings))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from switchyard.bus.publish import publish
 from switchyard.bus.streamread import Window, read
 from switchyard.cli.app import app
 from switchyard.config import Settings
-from switchyard.fleet.readiness import PoolReady, wait_for_heartbeat, wait_for_pools
+from switchyard.fleet.readiness import PoolReady, wait_for_pools
 from switchyard.forensics.replay import Collected
 from switchyard.forensics.trace import find
 from switchyard.messages.agent import AgentStep, RawFrame, StepOptions
@@ -44,6 +44,7 @@ from tests.support.fleet import (
     preprocessor_in_process,
     provision_pool,
     router_in_process,
+    wait_for_heartbeat,
     worker_process,
 )
 from tests.support.sqlenv import SqlEnv

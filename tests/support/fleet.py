@@ -24,12 +24,14 @@ from switchyard.bus.tokenstream import TokenStreamReader
 from switchyard.bus.topology import WORKERS_BUCKET, TopologySettings
 from switchyard.codec import decode
 from switchyard.fleet import ProcessGroup, provision
+from switchyard.fleet.errors import NotReady
 from switchyard.fleet.inproc import running
 from switchyard.fleet.processes import Child
 from switchyard.fleet.readiness import (
+    POLL,
+    Check,
     PoolReady,
     fresh_heartbeats,
-    wait_for_heartbeat,
     wait_for_pools,
 )
 from switchyard.messages.fleet import WorkerHeartbeat
@@ -193,3 +195,20 @@ async def chat_fleet_in_process(
         preprocessor_in_process(nats_url, chat_pool=pool),
     ):  # fmt: skip
         yield
+
+
+async def wait_for_heartbeat(
+    js: JetStreamContext, worker: str, *, timeout: float, check: Check, since: float = 0.0
+) -> WorkerHeartbeat:
+    """Until `worker` heartbeats (its engine started, its serving loop running); `since`
+    as for `wait_for_pools` (test harness: no shipped code waits for one worker)."""
+    kv = await js.key_value(WORKERS_BUCKET)
+    deadline = time.monotonic() + timeout
+    while True:
+        check()
+        beat = (await fresh_heartbeats(js, kv, since, {worker}, only_known=True)).get(worker)
+        if beat is not None:
+            return beat
+        if time.monotonic() > deadline:
+            raise NotReady(f"worker {worker} sent no heartbeat within {timeout:.0f} s")
+        await asyncio.sleep(POLL)

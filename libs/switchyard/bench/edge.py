@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from switchyard import eventloop
+from switchyard.bench.engine import PROMPTS
 from switchyard.bench.stats import percentile
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
@@ -39,12 +40,6 @@ POOL = "benchedge"
 PARTITIONS = 4
 TENANT = "bench"
 KEY = "sk-bench-edge"  # a throwaway key for this run's private edge
-PROMPTS = (
-    "Describe the main menu of a mobile strategy game.",
-    "List five things a player can do in a farming game.",
-    "Explain how a daily login reward works.",
-    "Write a short note about a server maintenance window.",
-)
 
 
 @dataclass

@@ -169,11 +169,8 @@ async def _bench(
     await raw.start()
     try:
         await fleet.wait_ready(READY_TIMEOUT)
-        bus = await connect(Settings(nats_url=fleet.nats_url), "sy-bench-engine")
-        try:
+        async with await connect(Settings(nats_url=fleet.nats_url), "sy-bench-engine") as bus:
             return await _rounds(raw, bus, rounds, n, max_tokens, engine_kind, concurrency)
-        finally:
-            await bus.close()
     finally:
         # The worker stops (in a thread) while the raw engine shuts down on this loop.
         stopping = asyncio.ensure_future(fleet.stop())

@@ -29,6 +29,7 @@ from pathlib import Path
 from switchyard import agentprompt
 from switchyard.agentprompt import AgentLayout, build_messages, fit, window_start
 from switchyard.engines.base import EngineRequest
+from switchyard.engines.prefix_cache import common_prefix
 from switchyard.engines.sim import SimSettings
 from switchyard.engines.sim_tokens import render_prompt
 from switchyard.messages.agent import AgentStep, Click, RawFrame, Swipe, Wait
@@ -102,18 +103,9 @@ def episode_tokens(
     return out
 
 
-def _common(a: list[str], b: list[str]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def cached_tokens(prompt: list[str], earlier: list[list[str]], block: int) -> int:
     """What an unbounded block cache holding `earlier` serves of `prompt` (sim's rule)."""
-    shared = max((_common(p, prompt) for p in earlier), default=0)
+    shared = max((common_prefix(p, prompt) for p in earlier), default=0)
     return min(shared // block, (len(prompt) - 1) // block) * block
 
 

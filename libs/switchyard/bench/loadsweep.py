@@ -108,12 +108,9 @@ async def _sweep(cfg: SweepConfig, hooks_for: HooksFor | None) -> list[RunStats]
         from switchyard.bus.connection import connect
         from switchyard.config import Settings
 
-        bus = await connect(Settings(nats_url=cfg.nats_url), "sy-bench-load")
-        try:
+        async with await connect(Settings(nats_url=cfg.nats_url), "sy-bench-load") as bus:
             return await sweep_target(cfg, NatsTarget(bus, idle_timeout=cfg.request_timeout_s),
                                       hooks_for)  # fmt: skip
-        finally:
-            await bus.close()
     import httpx
 
     from switchyard.bench.loadtargets import EdgeTarget

@@ -160,8 +160,7 @@ async def _bench(
 ) -> tuple[dict[str, Any], bool, dict[str, dict[str, float]]]:  # fmt: skip
     """`ready` raises if the executor process exited (it is waited for first)."""
     settings = Settings(nats_url=url)
-    bus = await connect(settings, "sy-bench-sql")
-    try:
+    async with await connect(settings, "sy-bench-sql") as bus:
         client = Client(bus, tenant, key, PolicyStore(policy_dir))
         raw = [client.request(q[1]) for q in qs]
         agg = [client.request(q[2]) for q in qs]
@@ -186,8 +185,6 @@ async def _bench(
             for name, paths in per_q.items()
         }
         return totals, match, medians
-    finally:
-        await bus.close()
 
 
 def run_exec_bench(

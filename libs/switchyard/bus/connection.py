@@ -19,11 +19,18 @@ PING_INTERVAL = 5.0
 
 @dataclass
 class Bus:
-    """A connection and its JetStream context, shared by everything in one process."""
+    """A connection and its JetStream context, shared by everything in one process;
+    `async with await connect(...) as bus:` closes it on the way out."""
 
     nc: Client
     js: JetStreamContext
     settings: Settings
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     async def close(self) -> None:
         """Drain: finish subscriptions' pending messages, flush publishes, then close."""

@@ -261,7 +261,6 @@ class PullLoop:
         self.handler = handler
         self.retry = retry
         self.progress_every = max(0.05, ack_wait / 3)
-        self.max_inflight = max_inflight
         self.drain_timeout = drain_timeout
         self.on_give_up = on_give_up
         self._inflight: set[asyncio.Task[None]] = set()

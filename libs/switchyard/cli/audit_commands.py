@@ -12,17 +12,15 @@ import re
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+
+from switchyard.cli.sql_commands import Dsn, admin_connection, admin_settings
 
 console = Console()
 err = Console(stderr=True)
 audit = typer.Typer(help="The audit trail: verify its hash chain, query events.")
 
-Dsn = Annotated[
-    str | None, typer.Option("--dsn", help="admin DSN (default: SY_MYSQL_DSN or root@localhost)")
-]
 Db = Annotated[str | None, typer.Option("--db", help="audit database (SY_SQL_AUDIT_DB)")]
 
 _SINCE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
@@ -46,23 +44,8 @@ def parse_since(text: str, now: dt.datetime | None = None) -> dt.datetime:
 
 
 def _connect(dsn: str | None, db: str | None) -> tuple[Any, str]:
-    from switchyard.sqldb.admin import connect_admin
-    from switchyard.sqldb.settings import AdminSettings
-
-    values: dict[str, Any] = {}
-    if dsn:
-        values["mysql_dsn"] = dsn
-    if db:
-        values["sql_audit_db"] = db
-    try:
-        settings = AdminSettings(**values)
-    except ValidationError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    try:
-        return connect_admin(settings.admin_dsn(), settings.tls_context()), settings.sql_audit_db
-    except Exception as exc:
-        err.print(f"[red]cannot connect to {settings.shown_dsn()}:[/red] {exc}")
-        raise typer.Exit(2) from exc
+    settings = admin_settings(dsn, sql_audit_db=db or None)
+    return admin_connection(settings, exit_code=2), settings.sql_audit_db
 
 
 @audit.command("verify")

@@ -172,12 +172,9 @@ def register(app: typer.Typer) -> None:
         settings = _settings(nats_url)
 
         async def run() -> None:
-            bus = await cli_connect(settings, "sy-provision")
-            try:
+            async with await cli_connect(settings, "sy-provision") as bus:
                 topology = build_topology(settings)
                 changes = await provision_topology(bus.js, topology, rescale=rescale)
-            finally:
-                await bus.close()
             table = Table("what", "name", "action", "detail")
             counts: dict[str, int] = {}
             for c in changes:
@@ -211,8 +208,7 @@ def register(app: typer.Typer) -> None:
         target = subject or default_subject(message)
 
         async def run() -> int:
-            bus = await cli_connect(_settings(nats_url), "sy-publish")
-            try:
+            async with await cli_connect(_settings(nats_url), "sy-publish") as bus:
                 if not wait:
                     ack = await js_publish(bus.js, target, message)
                     console.print(f"published {message.id} to {target}: {ack.stream} #{ack.seq}")
@@ -239,8 +235,6 @@ def register(app: typer.Typer) -> None:
                             return 1
                     err.print(f"done in {time.monotonic() - started:.3f}s")
                     return 0
-            finally:
-                await bus.close()
 
         raise typer.Exit(run_or_exit(run()))
 
@@ -249,8 +243,7 @@ def register(app: typer.Typer) -> None:
         """List streams, their consumers with pending counts, and KV buckets."""
 
         async def run() -> None:
-            bus = await cli_connect(_settings(nats_url), "sy-streams")
-            try:
+            async with await cli_connect(_settings(nats_url), "sy-streams") as bus:
                 infos = await bus.js.streams_info()
                 st = Table("stream", "subjects", "retention", "messages", "bytes", "consumers")
                 ct = Table("stream", "consumer", "pending", "ack pending", "redelivered")
@@ -283,8 +276,6 @@ def register(app: typer.Typer) -> None:
                 console.print(st)
                 console.print(ct)
                 console.print("(idle WORK partition consumers are not listed)")
-            finally:
-                await bus.close()
 
         run_or_exit(run())
 

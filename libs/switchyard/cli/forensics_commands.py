@@ -85,11 +85,8 @@ def register(app: typer.Typer) -> None:
         """Rebuild one request's path from INGRESS, RES, AUDIT and DLQ, hop by hop."""
 
         async def run() -> Trace:
-            bus = await cli_connect(_settings(nats_url), "sy-trace")
-            try:
+            async with await cli_connect(_settings(nats_url), "sy-trace") as bus:
                 return await find(bus.js, request_id, window=window)
-            finally:
-                await bus.close()
 
         found = run_or_exit(run())
         if as_json:

@@ -26,7 +26,7 @@ Dsn = Annotated[
 ]
 
 
-def _admin_settings(dsn: str | None, **overrides: Any) -> Any:
+def admin_settings(dsn: str | None, **overrides: Any) -> Any:
     from switchyard.sqldb.settings import AdminSettings
 
     values = {k: v for k, v in overrides.items() if v is not None}
@@ -38,16 +38,16 @@ def _admin_settings(dsn: str | None, **overrides: Any) -> Any:
         raise typer.BadParameter(str(exc)) from exc
 
 
-def _admin_connection(settings: Any) -> Any:
+def admin_connection(settings: Any, exit_code: int = 1) -> Any:
     """The admin connection (`AdminSettings`: the DSN, TLS when SY_MYSQL_SSL_CA is set), or
-    a one-line error and exit 1 when the server is unreachable."""
+    a one-line error and exit `exit_code` when the server is unreachable."""
     from switchyard.sqldb.admin import connect_admin
 
     try:
         return connect_admin(settings.admin_dsn(), settings.tls_context())
     except Exception as exc:
         err.print(f"[red]cannot connect to {settings.shown_dsn()}:[/red] {exc}")
-        raise typer.Exit(1) from exc
+        raise typer.Exit(exit_code) from exc
 
 
 def _verdict_for_line(line: str, policy: Policy, lines: bool, allow_any_table: bool) -> Verdict:
@@ -111,7 +111,7 @@ def demo_db(
     from switchyard.sqldb import demo
     from switchyard.sqldb.settings import naming
 
-    settings = _admin_settings(
+    settings = admin_settings(
         dsn,
         sql_demo_prefix=prefix,
         sql_demo_players=players,
@@ -119,7 +119,7 @@ def demo_db(
         sql_demo_tenants=tenants.split(",") if tenants else None,
     )
     names = naming(settings)
-    conn = _admin_connection(settings)
+    conn = admin_connection(settings)
     try:
         if drop:
             demo.drop(conn, names.ops_db, names.pay_db)
@@ -161,9 +161,9 @@ def provision(
     from switchyard.sqldb.provision import provision_auditor, provision_tenant
     from switchyard.sqldb.settings import auditor_password, naming
 
-    settings = _admin_settings(dsn, sql_policy_dir=policy_dir, sql_require_ssl=require_ssl)
+    settings = admin_settings(dsn, sql_policy_dir=policy_dir, sql_require_ssl=require_ssl)
     names = naming(settings)
-    conn = _admin_connection(settings)
+    conn = admin_connection(settings)
     try:
         for t in tenant:
             r = provision_tenant(

@@ -100,12 +100,11 @@ def _print_answer(answer: SqlAnswer) -> None:
 async def _ask(ask: SqlAsk, nats_url: str | None, as_json: bool, timeout: float) -> int:
     from switchyard.text2sql.client import stream_answer
 
-    bus = await cli_connect(_settings(nats_url), "sy-sql-ask")
-    try:
-        async with contextlib.aclosing(stream_answer(bus, ask, idle_timeout=timeout)) as items:
-            return await _show(items, as_json)
-    finally:
-        await bus.close()
+    async with (
+        await cli_connect(_settings(nats_url), "sy-sql-ask") as bus,
+        contextlib.aclosing(stream_answer(bus, ask, idle_timeout=timeout)) as items,
+    ):
+        return await _show(items, as_json)
 
 
 async def _show(items: AsyncIterator[StageEvent | StageProgress | SqlAnswer], as_json: bool) -> int:
@@ -181,11 +180,8 @@ def register(sql: typer.Typer) -> None:
         if requests:
 
             async def asked() -> list[AuditEvent]:
-                bus = await cli_connect(_settings(nats_url), "sy-sql-review")
-                try:
+                async with await cli_connect(_settings(nats_url), "sy-sql-review") as bus:
                     return await review_requests(bus, tenant, since=since * 3600, limit=limit)
-                finally:
-                    await bus.close()
 
             shown = Table("review id", "answer", "question", "sql", "note")
             for e in asyncio.run(asked()):
@@ -196,11 +192,8 @@ def register(sql: typer.Typer) -> None:
             return
 
         async def run() -> list[SqlAnswer]:
-            bus = await cli_connect(_settings(nats_url), "sy-sql-review")
-            try:
+            async with await cli_connect(_settings(nats_url), "sy-sql-review") as bus:
                 return await recent_answers(bus, tenant, since=since * 3600, limit=limit)
-            finally:
-                await bus.close()
 
         table = Table("request id", "status", "path", "question", "sql")
         for a in asyncio.run(run()):
@@ -224,11 +217,8 @@ def register(sql: typer.Typer) -> None:
         from switchyard.text2sql.review import promote, recent_answers
 
         async def find() -> SqlAnswer | None:
-            bus = await cli_connect(_settings(nats_url), "sy-sql-verify")
-            try:
+            async with await cli_connect(_settings(nats_url), "sy-sql-verify") as bus:
                 found = await recent_answers(bus, tenant, since=since * 3600, limit=100_000)
-            finally:
-                await bus.close()
             return next((a for a in found if a.request_id == request_id), None)
 
         answer = asyncio.run(find())
@@ -319,14 +309,11 @@ def register(sql: typer.Typer) -> None:
         )  # fmt: skip
 
         async def run() -> Any:
-            bus = await cli_connect(_settings(nats_url), "sy-sql-eval")
-            try:
+            async with await cli_connect(_settings(nats_url), "sy-sql-eval") as bus:
                 return await run_eval(
                     bus, tenant, items, knowledge_dir=_knowledge_dir(knowledge_dir),
                     policy_dir=_policy_dir(policy_dir), options=options, pool=pool,
                 )  # fmt: skip
-            finally:
-                await bus.close()
 
         report, removed = asyncio.run(run())
         console.print(f"leakage guard: removed {len(removed)} verified quer"
@@ -352,12 +339,9 @@ def _probe(
     probe_fn = probe_verified if kind == "verified" else probe_semantic_cache
 
     async def run() -> Any:
-        bus = await cli_connect(_settings(nats_url), "sy-sql-eval")
-        try:
+        async with await cli_connect(_settings(nats_url), "sy-sql-eval") as bus:
             return await probe_fn(bus, tenant, items, knowledge_dir=knowledge_dir,
                                   policy_dir=policy_dir, threshold=threshold)  # fmt: skip
-        finally:
-            await bus.close()
 
     probe = asyncio.run(run())
     lo, hi = wilson(probe.false_hits, probe.hits) if probe.hits else (0.0, 1.0)

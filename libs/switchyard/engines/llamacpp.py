@@ -43,6 +43,7 @@ from switchyard.engines.base import (
     EngineStats,
 )
 from switchyard.engines.model_files import smollm2_gguf
+from switchyard.engines.prefix_cache import common_prefix
 from switchyard.messages.inference import (
     ActionsConstraint,
     ChatMessage,
@@ -380,7 +381,7 @@ class LlamaCppEngine:
         # Llama.generate reuses this prefix, but always re-evaluates at least the last
         # prompt token to get fresh logits.
         held = llm.input_ids[: llm.n_tokens].tolist()
-        hit = min(_common_prefix(held, prompt), len(prompt) - 1)
+        hit = min(common_prefix(held, prompt), len(prompt) - 1)
         self._queried += len(prompt)
         self._hit += hit
 
@@ -464,15 +465,6 @@ def _overlap(text: str, stop: str) -> int:
         if text.endswith(stop[:k]):
             return k
     return 0
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _check_deadline(request: EngineRequest) -> None:

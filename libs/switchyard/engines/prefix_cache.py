@@ -27,6 +27,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 
+def common_prefix(a: Sequence[object], b: Sequence[object]) -> int:
+    """How many leading items `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class BlockCache:
     """A block pool of `num_blocks`: full prompt blocks keyed by chained hashes,
     evictable (unreferenced) blocks in LRU order."""

@@ -67,8 +67,7 @@ async def provision(
         topology = Topology(tuple(s for s in topology.streams if s.name in streams), (), ())
     if js is not None:
         return await provision_topology(js, topology)
-    bus = await asyncio.wait_for(connect(settings, "sy-provision", disconnected_cb=_quiet), 30)
-    try:
+    async with await asyncio.wait_for(
+        connect(settings, "sy-provision", disconnected_cb=_quiet), 30
+    ) as bus:
         return await provision_topology(bus.js, topology)
-    finally:
-        await bus.close()

@@ -83,13 +83,10 @@ class Fleet:
         deadline = time.monotonic() + timeout
         states: list[PoolState] = []
         if self.roster.pools:
-            bus = await connect(self.client, "sy-fleet-ready", disconnected_cb=_quiet)
-            try:
+            async with await connect(self.client, "sy-fleet-ready", disconnected_cb=_quiet) as bus:
                 states = await wait_for_pools(
                     bus.js, self.roster.pools, since=self.since, timeout=timeout, check=self.check
                 )
-            finally:
-                await bus.close()
         if self.edge_url is not None:
             left = max(1.0, deadline - time.monotonic())
             url = f"{self.edge_url}/readyz"

@@ -114,24 +114,6 @@ async def wait_for_pools(
         await asyncio.sleep(POLL)
 
 
-async def wait_for_heartbeat(
-    js: JetStreamContext, worker: str, *, timeout: float, since: float = 0.0,
-    check: Check = _nothing,
-) -> WorkerHeartbeat:  # fmt: skip
-    """Until `worker` heartbeats (its engine started, its serving loop running); `since`
-    as for `wait_for_pools`."""
-    kv = await js.key_value(WORKERS_BUCKET)
-    deadline = time.monotonic() + timeout
-    while True:
-        check()
-        beat = (await fresh_heartbeats(js, kv, since, {worker}, only_known=True)).get(worker)
-        if beat is not None:
-            return beat
-        if time.monotonic() > deadline:
-            raise NotReady(f"worker {worker} sent no heartbeat within {timeout:.0f} s")
-        await asyncio.sleep(POLL)
-
-
 async def fresh_heartbeats(
     js: JetStreamContext, kv: KeyValue, since: float, known: Iterable[str] = (), *,
     only_known: bool = False,

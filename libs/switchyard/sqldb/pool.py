@@ -34,7 +34,6 @@ class Pool:
         self._connect = connect
         self._slots = asyncio.Semaphore(size)
         self._idle: list[DbConnection] = []
-        self.in_use = 0
 
     async def _take_slot(self) -> None:
         if not self._slots.locked():
@@ -55,17 +54,14 @@ class Pool:
             while self._idle:
                 conn = self._idle.pop()
                 if not conn.closed:
-                    self.in_use += 1
                     return conn
             conn = await self._connect()
         except BaseException:
             self._slots.release()
             raise
-        self.in_use += 1
         return conn
 
     def release(self, conn: DbConnection, *, discard: bool = False) -> None:
-        self.in_use -= 1
         if discard or conn.closed:
             with contextlib.suppress(Exception):
                 conn.close()

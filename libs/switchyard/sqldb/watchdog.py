@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -26,7 +25,6 @@ log = get_logger(__name__)
 class Watch:
     thread_id: int
     fired: bool = False
-    fired_at: float | None = None
     error: str | None = None
 
 
@@ -36,7 +34,6 @@ class Watchdog:
 
     async def _fire(self, watch: Watch, after: float) -> None:
         await asyncio.sleep(after)
-        watch.fired_at = time.monotonic()
         try:
             conn = await self._connect()
             try:

@@ -63,14 +63,11 @@ async def switchyard_fleet(
             service_env={"router": env_of(routing_policy=routing_policy)},
             edge=Edge(keys={KEY: TENANT}, env=env_of(max_tokens_cap=4096)) if edge else None,
         )  # fmt: skip
-        async with launch(
-            spec, nats_url=nats_url, nats_identity=identity, log_dir=log_dir
-        ) as fleet:
-            bus = await connect(fleet.client, "sy-bench-peers")
-            try:
-                yield SwitchyardFleet(fleet.nats_url, bus, fleet.edge_url, list(pool.worker_ids()))
-            finally:
-                await bus.close()
+        async with (
+            launch(spec, nats_url=nats_url, nats_identity=identity, log_dir=log_dir) as fleet,
+            await connect(fleet.client, "sy-bench-peers") as bus,
+        ):
+            yield SwitchyardFleet(fleet.nats_url, bus, fleet.edge_url, list(pool.worker_ids()))
 
 
 @contextlib.contextmanager
