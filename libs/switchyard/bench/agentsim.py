@@ -104,6 +104,7 @@ from switchyard.capacity.calibration import (
 from switchyard.capacity.errors import CapacityInputError
 from switchyard.config import Settings
 from switchyard.engines.base import SCHEDULING_POLICIES, EngineRequest, SchedulingPolicy
+from switchyard.engines.prefix_cache import common_prefix
 from switchyard.engines.sim import SimSettings
 from switchyard.engines.sim_tokens import pseudo_tokens, render_prompt
 from switchyard.errors import StreamTimeout
@@ -412,15 +413,6 @@ class AgentSimReport:
         return asdict(self)
 
 
-def _common_prefix(a: list[str], b: list[str]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class _PrefixModel:
     """The sim tokenizer's view of a phone's prompts, to count the shared prefix.
 
@@ -623,7 +615,7 @@ class _Phone:
         if step.pending:
             self.time.pending_tokens.append(len(pseudo_tokens(pending_text(step.pending))))
         tokens = self.model.tokens(step, self.phone)
-        shared = _common_prefix(self.prev_tokens, tokens) if self.prev_tokens is not None else 0
+        shared = common_prefix(self.prev_tokens, tokens) if self.prev_tokens is not None else 0
         self.prev, self.prev_tokens = cur, tokens
         self.inflight[k] = captured
         task = asyncio.create_task(self._ask(step, shared, frame_s, bool(pending)))
