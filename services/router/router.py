@@ -40,7 +40,7 @@ from switchyard.bus.topology import ROUTER_DURABLE
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError
 from switchyard.logging import bind_request, get_logger
-from switchyard.messages.inference import GenerateRequest, NewestStep
+from switchyard.messages.inference import GenerateRequest, KvHandoff, NewestStep
 from switchyard.partition import fnv1a_32, partition
 from switchyard.requestpolicy import NewestSteps, Refusal, Tombstones, verdict
 from switchyard.scheduling.admission import Admission
@@ -76,6 +76,12 @@ def delivery_partition(owned: list[int], key: str, partitions: int) -> int:
     return owned[fnv1a_32(key.encode()) % len(owned)]
 
 
+def work_msg_id(req: GenerateRequest) -> str:
+    """WORK's dedupe id of a dispatch: the request's, its decode stage's apart (#39), so
+    the decode stage of a request whose prefill went out on WORK is not taken for it."""
+    return f"{req.id}.decode" if req.stage == "decode" else req.id
+
+
 def _newest_step(req: GenerateRequest) -> NewestStep | None:
     """The notice that `req` is its session's newest step, if it is an agent step."""
     if req.session is None or req.step is None:
@@ -108,6 +114,21 @@ class Router:
             )
             for pool in settings.pools
         }  # fmt: skip
+        # A disaggregated pool's decode stages (#39) keep their sessions on a decode worker
+        # too (its cache holds the session's KV, so a handoff moves only the new tokens);
+        # in memory only: a lost route costs one handoff of the whole prompt, not a prefill.
+        self.decode_affinity = {
+            pool: Affinity(
+                settings.routing_policy, settings.load_epsilon, hold=settings.move_hold,
+                cooldown=settings.move_cooldown, ttl=settings.session_ttl,
+                window=settings.load_window, prefix_weight=0.0,
+            )
+            for pool in settings.pools
+        }  # fmt: skip
+        # Decode stages handed back by prefill workers, in arrival order: admitted already
+        # (at their prefill), they go out before anything new.
+        self.decoding: dict[str, Queued] = {}
+        self.prefill_workers: dict[str, set[str]] = {}  # per pool, as of the last round
         self.sessions = SessionTable(bus.js, self.affinity)
         self.policies = policies
         self.fleet = Fleet(bus.js, settings.dead_after)
@@ -161,10 +182,11 @@ class Router:
                     await sub.unsubscribe()
             # Queued requests go back to REQ now, for the router that takes over (a
             # killed router's come back when their ack wait runs out).
-            queued = self.queue.items()
-            for item in queued:
+            queued = [item.payload.msg for item in self.queue.items()]
+            queued += [stage.msg for stage in self.decoding.values()]
+            for msg in queued:
                 with contextlib.suppress(Exception):
-                    await item.payload.msg.nak()
+                    await msg.nak()
             log.info("router.stopped", queued=len(queued))
 
     # -- intake: REQ -> admission -> fair queue -------------------------------------------
@@ -199,6 +221,9 @@ class Router:
             )
             return
         with bind_request(req.id, req.tenant, req.trace):
+            if req.handoff is not None:  # a decode stage (the message's rule)
+                await self._admit_decode(req, req.handoff, msg)
+                return
             queued = self.queue.get(req.id)
             if queued is not None:  # redelivered while we still hold it: keep the newer handle
                 queued.payload.msg = msg
@@ -260,6 +285,37 @@ class Router:
                 await self._announce(notice)
             self.wake.set()
 
+    async def _admit_decode(self, req: GenerateRequest, handoff: KvHandoff, msg: Msg) -> None:
+        """A prefill worker handed a request's decode stage back (#39): the prefill's credit
+        comes back, as a result would give it, and the decode stage waits for a decode
+        worker, ahead of new work. Its tenant was admitted at the prefill; what it reserved
+        is released by the final result."""
+        if req.pool not in self.placements:
+            unknown = Refusal("rejected", "invalid_request", f"unknown pool {req.pool!r}")
+            await self._refuse(req, msg, unknown)
+            return
+        held = self.decoding.get(req.id)
+        if held is not None:  # redelivered while it waits here: keep the newer handle
+            held.msg = msg
+            return
+        out = self.ledger.outstanding.get(req.id)
+        if out is not None and out.worker != handoff.worker:
+            await msg.ack()  # its decode stage went out already; WORK dedupe covers the rest
+            return
+        now = time.time()
+        self.fleet.heard_from(handoff.worker, now)
+        self.ledger.handed_off(req.id, handoff.worker, handoff.prefilled_at)
+        self.wake.set()
+        late = verdict(
+            req, now, cancelled=req.id in self.cancelled, newest=self.newest.newest(req),
+            where="between its prefill and decode",
+        )  # fmt: skip
+        if late is not None:
+            self.admission.finished(req.id, None)
+            await self._refuse(req, msg, late)
+            return
+        self.decoding[req.id] = Queued(req, msg, now, [])
+
     async def _announce(self, notice: NewestStep) -> None:
         """Tell every router and worker that `notice.step` is its session's newest (the
         sweep that `wake` runs answers this router's older ones)."""
@@ -285,12 +341,21 @@ class Router:
             return req.session
         return blocks[0].digest.hex() if blocks else req.id
 
-    def _loads(self, pool: str) -> dict[str, WorkerLoad]:
-        """Every live worker of `pool` that owns a partition (so a request can reach it):
-        its load in tokens and whether it has credit for one more request."""
+    def _loads(self, pool: str) -> tuple[dict[str, WorkerLoad], dict[str, WorkerLoad]]:
+        """Every live worker of `pool` that owns a partition (so a request can reach it),
+        its load in tokens and whether it has credit for one more request: those that take
+        a request first (`both`, and `prefill` while a decode worker is live to hand off
+        to), and the `decode` workers (#39)."""
         placement = self.placements[pool]
         live = [hb for hb in self.fleet.live(pool) if placement.holds(hb.worker)]
-        return self.ledger.loads(pool, live)
+        loads = self.ledger.loads(pool, live)
+        decode = {hb.worker: loads[hb.worker] for hb in live if hb.role == "decode"}
+        first = {
+            hb.worker: loads[hb.worker] for hb in live
+            if hb.role == "both" or (hb.role == "prefill" and decode)
+        }  # fmt: skip
+        self.prefill_workers[pool] = {hb.worker for hb in live if hb.role == "prefill"}
+        return first, decode
 
     async def _dispatch_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -304,9 +369,13 @@ class Router:
     async def _dispatch_round(self) -> None:
         """Dispatch, in fair order, everything that has a worker with credit now."""
         now = time.time()
-        loads = {pool: self._loads(pool) for pool in self.placements}
+        both = {pool: self._loads(pool) for pool in self.placements}
+        loads = {pool: first for pool, (first, _) in both.items()}
         for pool, affinity in self.affinity.items():
             affinity.observe(list(loads[pool].values()), now)
+        decoders = {pool: decode for pool, (_, decode) in both.items()}
+        if not await self._dispatch_decodes(decoders, now):
+            return
         decided: dict[str, Decision] = {}  # request id -> what `can_run` decided for it
 
         def can_run(item: Item[Queued]) -> bool:
@@ -335,7 +404,7 @@ class Router:
 
         while (item := self.queue.pick(can_run, warm)) is not None:
             decision = decided[item.request_id]  # `pick` only returns what `can_run` accepted
-            sent = await self._dispatch(item, decision)
+            sent = await self._dispatch(item.payload, decision, item)
             if sent is None:
                 return  # the bus refused the publish: try again next round
             if not sent:
@@ -346,15 +415,43 @@ class Router:
                 was, load=was.load + decision.work, credit=was.credit - 1
             )
 
-    async def _dispatch(self, item: Item[Queued], decision: Decision) -> bool | None:
-        """Publish `item` on WORK without waiting for the stream's ack (`_settle` waits, in
-        its own task, then acks REQ), so one round sends its requests back to back instead
-        of one per round trip. False: refused here instead; None: the publish failed (the
-        item is back at the head of the queue)."""
-        req, msg = item.payload.req, item.payload.msg
+    async def _dispatch_decodes(self, decoders: dict[str, dict[str, WorkerLoad]], now: float
+                                ) -> bool:  # fmt: skip
+        """Dispatch the decode stages waiting here, oldest first, each to a decode worker of
+        its pool with credit (sticky per session). False: the bus refused a publish."""
+        for queued in list(self.decoding.values()):
+            req = queued.req
+            workers = decoders.get(req.pool, {})
+            session = route_id(req.tenant, req.session) if req.session else None
+            decision = self.decode_affinity[req.pool].choose(
+                list(workers.values()), 0, req.sampling.max_tokens, session, [], now,
+                req.kv_window_tokens,
+            )  # fmt: skip
+            if decision is None or not workers[decision.worker].has_credit:
+                continue
+            del self.decoding[req.id]
+            sent = await self._dispatch(queued, decision, None)
+            if sent is None:
+                return False
+            if sent:
+                was = workers[decision.worker]
+                workers[decision.worker] = dataclasses.replace(
+                    was, load=was.load + decision.work, credit=was.credit - 1
+                )
+        return True
+
+    async def _dispatch(
+        self, queued: Queued, decision: Decision, item: Item[Queued] | None
+    ) -> bool | None:
+        """Publish a request (`item`, from the fair queue; None: a decode stage) on WORK
+        without waiting for the stream's ack (`_settle` waits, in its own task, then acks
+        REQ), so one round sends its requests back to back instead of one per round trip.
+        False: refused here instead; None: the publish failed (it is back at the head of
+        its queue)."""
+        req, msg = queued.req, queued.msg
         worker = decision.worker
         owned = self.placements[req.pool].partitions_of(worker)
-        part = delivery_partition(owned, self._key(req, item.payload.blocks), self.s.partitions)
+        part = delivery_partition(owned, self._key(req, queued.blocks), self.s.partitions)
         now = time.time()
         with bind_request(req.id, req.tenant, req.trace):
             refusal = verdict(req, now, newest=self.newest.newest(req), where="at dispatch")
@@ -362,63 +459,76 @@ class Router:
                 self.admission.finished(req.id, None)
                 await self._refuse(req, msg, refusal)
                 return False
-            # The worker reports admission -> dispatch as the router's queueing time.
+            # The worker reports admission -> dispatch as the router's queueing time. A
+            # request sent to a prefill worker runs its prefill stage only (#39).
+            stage = req.stage
+            if item is not None and worker in self.prefill_workers.get(req.pool, ()):
+                stage = "prefill"
             sent = req.model_copy(
-                update={"dispatched_at": now, "partition": part, "routed_to": worker}
-            )
+                update={"dispatched_at": now, "partition": part, "routed_to": worker,
+                        "stage": stage}
+            )  # fmt: skip
             self.ledger.dispatch(
                 req.id, req.pool, worker, req.tenant, req.sampling.max_tokens, decision.work
             )
             # Committed now, not at the ack: the next pick of this round must see where
             # this session and prefix went.
-            self.affinity[req.pool].commit(decision, item.payload.blocks, now)
+            affinity = self.affinity if item is not None else self.decode_affinity
+            affinity[req.pool].commit(decision, queued.blocks, now)
             try:
                 stored = await self.bus.js.publish_async(
                     subjects.work(req.pool, part), encode(sent),
-                    headers=trace_headers(sent, req.id),
+                    headers=trace_headers(sent, work_msg_id(sent)),
                 )  # fmt: skip
             except Exception as exc:
-                self._undispatch(item, exc)
+                self._undispatch(queued, item, exc)
                 return None
-            log.debug("router.dispatched", worker=worker, partition=part, reason=decision.reason)
-        task = asyncio.create_task(self._settle(item, decision, stored, now))
+            log.debug("router.dispatched", worker=worker, partition=part, reason=decision.reason,
+                      stage=stage)  # fmt: skip
+        task = asyncio.create_task(self._settle(queued, item, decision, stored, now))
         self.settling.add(task)  # held until done: the loop keeps weak references
         task.add_done_callback(self.settling.discard)
         return True
 
     async def _settle(
-        self, item: Item[Queued], decision: Decision, stored: asyncio.Future[PubAck], at: float
-    ) -> None:
+        self, queued: Queued, item: Item[Queued] | None, decision: Decision,
+        stored: asyncio.Future[PubAck], at: float,
+    ) -> None:  # fmt: skip
         """WORK stored it: ack REQ (only now: a router crash before this loses nothing, the
         WORK dedupe by request id stops a second dispatch) and book the dispatch."""
-        req, msg = item.payload.req, item.payload.msg
+        req, msg = queued.req, queued.msg
         label = self.labels.peek(req.tenant)  # its traffic was counted at admission
         with bind_request(req.id, req.tenant, req.trace):
             try:
                 ack = await asyncio.wait_for(stored, self.s.work_publish_timeout)
                 await msg.ack()
             except Exception as exc:
-                self._undispatch(item, exc)  # the next round after the pause sends it again
+                self._undispatch(queued, item, exc)  # the next round after the pause resends
                 return
             self.admission.dispatched(req.id)
             if ack.duplicate:
                 await self._take_earlier_result(req)
+            if item is None:  # a decode stage: its admission and session were its prefill's
+                return
             if req.session:
                 self.warm[route_id(req.tenant, req.session)] = at
                 if decision.write:
                     self.sessions.record(req.pool, req.tenant, req.session, decision, at)
             metrics.QUEUE_WAIT.labels(label).observe(at - item.enqueued_at)
-            metrics.TIME_IN_ROUTER.observe(at - item.payload.received)
+            metrics.TIME_IN_ROUTER.observe(at - queued.received)
             metrics.ROUTE.labels(req.pool, decision.reason).inc()
             if decision.reason in ("dead", "drain", "load"):
                 log.info("router.session_moved", session=req.session, worker=decision.worker,
                          reason=decision.reason)  # fmt: skip
 
-    def _undispatch(self, item: Item[Queued], exc: Exception) -> None:
-        """The WORK publish failed: back to the head of the queue for a round after a pause."""
-        self.ledger.undispatch(item.request_id)
+    def _undispatch(self, queued: Queued, item: Item[Queued] | None, exc: Exception) -> None:
+        """The WORK publish failed: back to the head of its queue for a round after a pause."""
+        self.ledger.undispatch(queued.req.id)
         log.warning("router.dispatch_failed", error=repr(exc))
-        self.queue.requeue(item)
+        if item is not None:
+            self.queue.requeue(item)
+        else:
+            self.decoding = {queued.req.id: queued, **self.decoding}
         self.dispatch_paused_until = time.monotonic() + DISPATCH_PAUSE
 
     async def _sweep(self) -> None:
@@ -426,15 +536,18 @@ class Router:
         now = time.time()
         q = self.queue
         self.queue_gauges.record(q.tenants(), q.depth, lambda t: q.counters.get(t, 0.0))
-        for item in self.queue.items():
-            req, msg = item.payload.req, item.payload.msg
+        waiting = [(item.payload, item.enqueued_at) for item in self.queue.items()]
+        waiting += [(queued, queued.received) for queued in self.decoding.values()]
+        for queued, since in waiting:
+            req, msg = queued.req, queued.msg
             refusal = verdict(req, now, newest=self.newest.newest(req), where="while queued")
-            if refusal is None and now - item.enqueued_at > self.s.max_queue_seconds:
+            if refusal is None and now - since > self.s.max_queue_seconds:
                 waited = f"queued over {self.s.max_queue_seconds:.0f}s"
                 refusal = Refusal("rejected", "timeout", waited)
             if refusal is None:
                 continue
             self.queue.remove(req.id)
+            self.decoding.pop(req.id, None)
             self.admission.finished(req.id, None)
             with bind_request(req.id, req.tenant, req.trace):
                 await self._refuse(req, msg, refusal)
@@ -500,14 +613,16 @@ class Router:
     async def _on_cancel(self, msg: Msg) -> None:
         request_id = msg.subject.split(".", 1)[1]
         item = self.queue.remove(request_id)
-        if item is None:
-            self.cancelled.add(request_id)  # may still be on its way to us
+        queued = item.payload if item is not None else self.decoding.pop(request_id, None)
+        if queued is None:
+            # It may still be on its way to us (a decode stage too: its prefill runs).
+            self.cancelled.add(request_id)
             return  # running requests: the owning worker hears the same cancel
-        req = item.payload.req
+        req = queued.req
         self.admission.finished(req.id, None)
         with bind_request(req.id, req.tenant, req.trace):
             while_queued = Refusal("cancelled", "cancelled", "cancelled while queued")
-            await self._refuse(req, item.payload.msg, while_queued)
+            await self._refuse(req, queued.msg, while_queued)
 
     async def _on_newest(self, msg: Msg) -> None:
         """Another router (or this one) admitted a session's newer step: older ones queued
@@ -522,9 +637,10 @@ class Router:
     async def _keepalive_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await asyncio.sleep(self.s.req_ack_wait / 3)
-            for item in self.queue.items():
+            held = [item.payload.msg for item in self.queue.items()]
+            for msg in held + [queued.msg for queued in self.decoding.values()]:
                 with contextlib.suppress(Exception):
-                    await item.payload.msg.in_progress()
+                    await msg.in_progress()
             reconnects = self.bus.nc.stats["reconnects"]
             if reconnects != self.reconnects_seen:
                 try:

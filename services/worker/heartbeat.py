@@ -45,6 +45,7 @@ def snapshot(
         kv_capacity_tokens=max(0, stats.kv_capacity_tokens),
         prefix_hit_rate=min(1.0, max(0.0, stats.prefix_hit_rate)),
         draining=draining,
+        role=settings.worker_role,
     )
 
 

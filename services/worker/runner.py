@@ -28,17 +28,21 @@ without the engine: one that has streamed a token to its client is answered `err
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from services.worker import metrics
 from services.worker.output import Cut, agent_answer
+from switchyard import subjects
 from switchyard.agentactions import Answer
 from switchyard.answers import answer, result_for, route_of
+from switchyard.bus.publish import FAILOVER_PATIENCE, publish
 from switchyard.bus.tokenstream import TokenStreamWriter
 from switchyard.engines.base import Engine, EngineDead, EngineRequest, ModelsCost
 from switchyard.errors import SwitchyardError, TransientError
@@ -48,6 +52,7 @@ from switchyard.messages.inference import (
     ErrorInfo,
     FinishReason,
     GenerateRequest,
+    KvHandoff,
     ModelledTimings,
     ResultStatus,
     Timings,
@@ -76,6 +81,7 @@ class Outcome:
     started_at: float | None = None
     first_token_at: float | None = None
     answer: Answer | None = None  # an agent step's whole answer (`output.agent_answer`)
+    kv_params: dict[str, Any] | None = None  # a prefill stage's, for its decode stage
 
 
 class Runner:
@@ -150,8 +156,13 @@ class Runner:
 
     async def _handle(self, req: GenerateRequest, attempt: int) -> None:
         with bind_request(req.id, req.tenant, req.trace):
-            writer = TokenStreamWriter(self.nc, req.reply, attempt=attempt) if req.reply else None
+            # A prefill stage streams nothing: its one token is the decode stage's to send.
+            reply = req.reply if req.stage != "prefill" else None
+            writer = TokenStreamWriter(self.nc, reply, attempt=attempt) if reply else None
             outcome = await self._run(req, writer)
+            if req.stage == "prefill" and outcome.status == "ok":
+                await self._hand_off(req, outcome)
+                return
             result = result_for(
                 req,
                 outcome.status,
@@ -175,6 +186,27 @@ class Runner:
                 tokens=outcome.usage.completion_tokens,
                 total=round(outcome.timings.total, 4),
             )
+
+    async def _hand_off(self, req: GenerateRequest, outcome: Outcome) -> None:
+        """The prefill stage ran (#39): its decode stage goes back on REQ for the router to
+        place on a decode worker, with where the KV is. Stored before WORK is acked, under
+        one id per request (a prefill run again after a crash hands off once); a publish
+        that fails raises, so WORK redelivers and the prefill runs again."""
+        usage = outcome.usage
+        handoff = KvHandoff(
+            worker=self.worker_id, tokens=max(0, usage.prompt_tokens - usage.cached_tokens),
+            prefilled_at=time.time(), params=outcome.kv_params or {},
+        )  # fmt: skip
+        decode = req.model_copy(
+            update={"stage": "decode", "handoff": handoff, "dispatched_at": None,
+                    "partition": None, "routed_to": None}
+        )  # fmt: skip
+        await publish(
+            self.js, subjects.req(req.workload, req.tenant), decode,
+            msg_id=f"{req.id}.decode", patience=FAILOVER_PATIENCE,
+        )  # fmt: skip
+        metrics.HANDOFFS.inc()
+        log.info("worker.handed_off", tokens=handoff.tokens)
 
     async def _run(self, req: GenerateRequest, writer: TokenStreamWriter | None) -> Outcome:
         now = time.time()
@@ -208,9 +240,15 @@ class Runner:
             if remaining is not None
             else None
         )
+        engine_req = EngineRequest.from_generate(req)
+        if req.stage == "prefill":  # the prompt's KV and one token, for the decode stage
+            one = req.sampling.model_copy(update={"max_tokens": 1})
+            engine_req = dataclasses.replace(engine_req, sampling=one, kv_producer=True)
+        kv_params: dict[str, Any] | None = None
         try:
-            async for delta in self.engine.generate(EngineRequest.from_generate(req)):
+            async for delta in self.engine.generate(engine_req):
                 last = time.time()
+                kv_params = delta.kv_transfer_params or kv_params
                 if delta.text:
                     if first is None:
                         first = last
@@ -272,6 +310,10 @@ class Runner:
             metrics.LATE.inc()
             return Outcome("stale", "", finish, usage, timings, late.error, started, first)
         answer_text = "".join(text)
+        if req.stage == "prefill":
+            ok = Outcome("ok", "", finish, usage, timings, None, started, first)
+            ok.kv_params = kv_params
+            return ok
         if not isinstance(req.constraint, ActionsConstraint):
             return Outcome("ok", answer_text, finish, usage, timings, None, started, first)
         out = agent_answer(answer_text, finish, req.constraint, req.frame_geometry)

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from switchyard.config import Settings
+from switchyard.messages.fleet import WorkerRole
 
 
 def _default_id() -> str:
@@ -20,6 +21,8 @@ class WorkerSettings(Settings):
     worker_id: str = Field(default_factory=_default_id, pattern=r"^[A-Za-z0-9_-]{1,64}$")
     pool: str = Field(default="llm", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     engine: Literal["vllm", "llamacpp", "sim"] = "llamacpp"
+    # What it runs of a request (#39): `both`, or one stage of a disaggregated pool.
+    worker_role: WorkerRole = "both"
     # One-sequence engines (llama.cpp) run this many instances side by side.
     engine_instances: int = Field(default=1, ge=1, le=64)
     # "kv": follow the router's assignments in KV `fleet_assignments`;

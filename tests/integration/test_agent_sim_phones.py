@@ -23,9 +23,12 @@ from dataclasses import replace
 
 import pytest
 
+from switchyard.agentactions import longest_answers
+from switchyard.agentprompt import pending_text
 from switchyard.bench.agentsim import AgentSimConfig, StepRecord, play, summarise
 from switchyard.bus.connection import connect
 from switchyard.config import Settings
+from switchyard.engines.sim_tokens import pseudo_tokens
 from switchyard.ids import new_id
 from tests.support.fleet import (
     preprocessor_in_process,
@@ -130,9 +133,10 @@ async def test_an_async_phone_sends_its_next_step_while_the_chunk_executes(
     # The phone waited for its first answer only: the others came while it was acting.
     assert t.waiting < recs[0].latency_s + 0.1, (t.waiting, recs[0].latency_s)
     # So its two chunk ends with a successor found it in: no stall. Each early step named
-    # the action under way (`pending`, a compact line of a few tokens).
+    # the action under way (`pending`: one compact line, no longer than the widest action).
     assert t.stalls == [0.0, 0.0]
-    assert len(t.pending_tokens) == 2 and all(0 < n <= 20 for n in t.pending_tokens)
+    widest = max(len(pseudo_tokens(pending_text([a]))) for a in longest_answers("compact", 1, False))
+    assert len(t.pending_tokens) == 2 and all(0 < n <= widest for n in t.pending_tokens)
     report = summarise(cfg, played.records, played.wall_s, played.times)
     assert report.wait_share < 0.25 and report.superseded == 0
     assert (report.chunk_ends, report.stall_p99_ms, report.starved_share) == (2, 0.0, 0.0)

@@ -315,3 +315,43 @@ def test_a_result_without_worker_or_route_releases_without_a_discount(
 )  # fmt: skip
 def test_what_is_not_a_result_reads_as_none(data: bytes) -> None:
     assert read_result(data, MAX_BYTES) is None
+
+
+# -- a prefill stage handed off (#39) -------------------------------------------------------
+
+
+def test_a_handoff_frees_the_prefill_workers_credit_and_keeps_nothing_else(
+    ledger: Ledger, clock: Clock
+) -> None:
+    """The prefill stage's dispatch is released as a result would release it, and the
+    request's decode stage, dispatched next under the same id, holds its own worker."""
+    prefill, decode = heartbeat(at=clock.now, worker="p1"), heartbeat(at=clock.now, worker="d1")
+    send(ledger, "r1", worker="p1")
+    assert credit(ledger, prefill) == SLOTS * PER_SLOT - 1
+    ledger.handed_off("r1", "p1", clock.now + 0.5)
+    assert "r1" not in ledger and credit(ledger, prefill) == SLOTS * PER_SLOT
+    send(ledger, "r1", worker="d1")
+    assert credit(ledger, decode) == SLOTS * PER_SLOT - 1
+    released = ledger.take(result("r1", used=9, worker="d1", finished=clock.now + 1), live=True)
+    assert released is not None and (released.dispatch.worker, released.used) == ("d1", 9)
+
+
+def test_a_handoff_heard_after_its_decode_went_out_releases_nothing_of_it(
+    ledger: Ledger, clock: Clock
+) -> None:
+    """A decode stage redelivered after its dispatch: the handoff names the prefill worker,
+    not the one that holds the request now, so the decode dispatch keeps its credit."""
+    send(ledger, "r1", worker="d1")
+    ledger.handed_off("r1", "p1", clock.now)
+    assert "r1" in ledger and ledger.outstanding["r1"].worker == "d1"
+
+
+def test_a_handoff_counts_against_the_prefill_workers_last_heartbeat(
+    ledger: Ledger, clock: Clock
+) -> None:
+    """The prefill worker's heartbeat still counts a stage it handed off since: discounted,
+    as a result it published would be."""
+    hb = heartbeat(at=clock.now, queued=SLOTS * PER_SLOT, worker="p1")
+    assert credit(ledger, hb) == 0
+    ledger.handed_off("others", "p1", hb.at + 0.1)
+    assert credit(ledger, hb) == 1

@@ -21,6 +21,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 from pydantic import BaseModel, Field, StringConstraints, TypeAdapter
 
+from switchyard.capacity.calibration import encoder_seconds, prefill_chunk_seconds
 from switchyard.engines.base import Delta, Engine, EngineError, EngineRequest, ModelsCost
 from switchyard.engines.prefix_cache import BlockCache
 from switchyard.engines.sim import (
@@ -40,6 +41,7 @@ from switchyard.messages.inference import (
     ImagePart,
     JsonObjectConstraint,
     JsonSchemaConstraint,
+    KvHandoff,
     NoConstraint,
     RegexConstraint,
     Sampling,
@@ -993,3 +995,41 @@ def test_the_acceptance_bench_finds_json_templates_more_predictable_than_compact
     for a in (js, compact):
         assert a.steps <= a.emitted <= a.steps + a.accepted and 0 <= a.accepted <= a.drafted
     assert js.rate > compact.rate and js.tokens_per_step > compact.tokens_per_step
+
+
+async def test_a_decode_stage_moves_its_kv_over_the_link_and_computes_one_token() -> None:
+    """A decode stage (#39) pays no encoder and no prefill: its uncached prompt tokens'
+    KV crosses the link (bytes / link bandwidth), then one step samples its first token.
+    Its answer is the one the whole request gets, and the moved KV is cached here after,
+    so the session's next step moves only what is new."""
+    async with sim(model="qwen3-vl-8b", gpu="rtx5090") as engine:
+        s = engine.settings
+        img = frame(1, 1280, 704)
+        whole = EngineRequest(
+            request_id="w1", prompt="look " * 40, images=(img,),
+            sampling=Sampling(max_tokens=4, temperature=0.0),
+        )  # fmt: skip
+        handoff = KvHandoff(worker="p1", tokens=900, prefilled_at=0.0)
+        decode = dataclasses.replace(whole, request_id="d1", handoff=handoff)
+        answers = await run(engine, decode)
+        t = engine.timings("d1")
+        assert t is not None and t.ttft is not None and t.cached_tokens == 0
+        moved = t.prompt_tokens * s.kv_bytes_per_token / (s.kv_link_gbs * 1e9)
+        last = prefill_chunk_seconds(s, t.prompt_tokens - 1, 1)  # the token vLLM computes
+        assert t.ttft == pytest.approx(moved + engine.tpot(1) + last)
+        assert moved < 0.01 < encoder_seconds(s, 3520)  # ~3 ms of PCIe against ~93 ms
+        # The same answer a colocated engine writes for the same prompt.
+        async with sim(model="qwen3-vl-8b", gpu="rtx5090") as other:
+            assert "".join(d.text for d in await run(other, whole)) == "".join(
+                d.text for d in answers
+            )
+        # The next step of the session extends the prompt: only its new tokens move.
+        nxt = dataclasses.replace(decode, request_id="d2", prompt="look " * 40 + "again " * 64)
+        await run(engine, nxt)
+        t2 = engine.timings("d2")
+        assert t2 is not None and t2.ttft is not None and t2.cached_tokens > 0
+        new = t2.prompt_tokens - t2.cached_tokens
+        last = prefill_chunk_seconds(s, t2.prompt_tokens - 1, 1)
+        assert t2.ttft == pytest.approx(
+            new * s.kv_bytes_per_token / (s.kv_link_gbs * 1e9) + engine.tpot(1) + last
+        )

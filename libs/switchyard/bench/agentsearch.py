@@ -59,6 +59,7 @@ from switchyard.bench.agentsim import (
     agent_fleet,
     drive,
 )
+from switchyard.fleet.spec import role_split
 
 # A GPU this busy with prefill has little left for decode steps and none for bursts.
 SATURATED = 0.6
@@ -161,6 +162,57 @@ def best_budget(results: Sequence[tuple[int, int | None, float | None]]) -> int 
         if phones is not None
     ]
     return max(ranked)[2] if ranked else None
+
+
+@dataclass
+class RoleSearch:
+    """One capacity search per role split of the workers (#39), colocated among them."""
+
+    splits: list[str]  # in the order searched; `<n>b` is colocated (every worker both)
+    capacity_phones: dict[str, int | None]  # split -> phones at capacity
+    roles: str | None  # the best split; None when none passed its first load
+    colocated_capacity_phones: int | None  # the colocated split's, from the same run
+    searches: list[CapacityReport]  # in the order of `splits`
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def role_splits(workers: int) -> list[str]:
+    """The splits `--roles auto` searches for `workers` GPUs: colocated, then prefill-heavy
+    splits from one decode worker to half of them (an agent answer is a few tokens: its
+    decode is light, while every step brings a frame to prefill)."""
+    if workers < 2:
+        return [f"{workers}b"]
+    return [f"{workers}b"] + [f"{workers - d}p{d}d" for d in range(1, workers // 2 + 1)]
+
+
+def run_role_search(
+    cfg: AgentSimConfig, splits: Sequence[str], ladder: Sequence[int], target_ms: float = 500.0,
+    resolution: int = 5, min_loop_efficiency: float = DEFAULT_MIN_LOOP_EFFICIENCY,
+    slo: Slo = "step",
+) -> RoleSearch:  # fmt: skip
+    """`run_capacity_search` once per split (`cfg` with its `roles`; `<n>b` colocated)."""
+    searches = []
+    for split in splits:
+        print(f"agent-sim search: roles {split}", file=sys.stderr, flush=True)
+        colocated = set(role_split(split)) == {"both"}
+        run = replace(cfg, roles=None if colocated else split)
+        found = run_capacity_search(run, ladder, target_ms, resolution, min_loop_efficiency, slo)
+        searches.append((split, colocated, found))
+    ranked = [
+        (r.capacity_phones, -(r.p99_ms if r.p99_ms is not None else math.inf), split)
+        for split, _, r in searches
+        if r.capacity_phones is not None
+    ]
+    colocated_phones = [r.capacity_phones for _, c, r in searches if c]
+    return RoleSearch(
+        splits=list(splits),
+        capacity_phones={split: r.capacity_phones for split, _, r in searches},
+        roles=max(ranked)[2] if ranked else None,
+        colocated_capacity_phones=colocated_phones[0] if colocated_phones else None,
+        searches=[r for _, _, r in searches],
+    )
 
 
 def run_budget_search(

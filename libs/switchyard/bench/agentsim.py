@@ -109,7 +109,7 @@ from switchyard.engines.sim import SimSettings
 from switchyard.engines.sim_tokens import pseudo_tokens, render_prompt
 from switchyard.errors import StreamTimeout
 from switchyard.fleet import UNMETERED, FleetSpec, Pool, env_of, launch
-from switchyard.fleet.spec import Engine
+from switchyard.fleet.spec import Engine, role_split
 from switchyard.ids import new_id
 from switchyard.messages.agent import (
     DEFAULT_ACTION_FORMAT,
@@ -182,6 +182,9 @@ class AgentSimConfig:
     # sim's default policy.
     max_num_batched_tokens: int | None = None
     scheduling_policy: SchedulingPolicy | None = None
+    # The started workers' roles as a split (`fleet.spec.role_split`: 6p2d = 6 prefill and
+    # 2 decode workers, #39); None = every worker `both` (colocated).
+    roles: str | None = None
     chunk: int = 1  # actions per answer (StepOptions.chunk)
     act_ms: float = 0.0  # modelled ms one action takes on the phone
     asynchronous: bool = False  # send the next step while the chunk executes
@@ -224,6 +227,17 @@ class AgentSimConfig:
             raise AgentSimConfigError(f"ramp_steps is 0..steps-1, got {self.ramp_steps}")
         if self.vlm not in VLM_NAMES:
             raise AgentSimConfigError(f"vlm is one of {', '.join(VLM_NAMES)}, got {self.vlm!r}")
+        if self.roles is not None:
+            try:
+                split = role_split(self.roles)
+            except ValueError as e:
+                raise AgentSimConfigError(str(e)) from None
+            if len(split) != self.workers:
+                raise AgentSimConfigError(
+                    f"roles {self.roles} name {len(split)} workers, not {self.workers}"
+                )
+            if ("prefill" in split) != ("decode" in split):
+                raise AgentSimConfigError(f"roles {self.roles}: prefill and decode go together")
 
     @property
     def token_budget(self) -> int | None:
@@ -883,7 +897,8 @@ def agent_fleet(cfg: AgentSimConfig) -> Iterator[str]:
         agent_layout=cfg.layout, agent_window=cfg.window, agent_vlm=cfg.vlm,
     )  # fmt: skip
     spec = FleetSpec(
-        pools=(Pool("agent", cfg.workers, sim),), engine=cast(Engine, cfg.engine),
+        pools=(Pool("agent", cfg.workers, sim, role_split(cfg.roles) if cfg.roles else ()),),
+        engine=cast(Engine, cfg.engine),
         # A load tool measures the fleet, not the default quotas: give its tenant room.
         tenant_policy=UNMETERED, service_env={"preprocessor": preprocessor},
     )  # fmt: skip

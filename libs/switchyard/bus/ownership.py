@@ -84,6 +84,8 @@ FLOWS: tuple[Flow, ...] = (
     Flow("req", "req.agent.*", ("preprocessor",)),
     Flow("req", "req.llm.*", ("edge", "preprocessor")),
     Flow("req", "req.sql.*", ("sqlflow",)),  # the model calls of a question
+    # A prefill worker hands its request's decode stage back to the router (#39).
+    Flow("req", "req.*.*", ("worker",)),
     Flow("work", "work.*.*", ("router",)),
     # Refusals (router), answers (worker), rejected steps and chats (preprocessor), answers
     # of questions (sqlflow); the router settles admission on every result, the edge waits

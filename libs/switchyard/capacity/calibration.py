@@ -124,6 +124,16 @@ ANCHOR_PREFILL_PER_TOKEN = 0.000_11  # s per uncached prompt token
 WEIGHT_BYTES: dict[Precision, int] = {"bf16": 2, "fp8": 1}
 KV_BYTES = 1  # fp8 KV cache in both precisions (`VllmSettings.kv_cache_dtype`)
 GPU_MEMORY_UTILIZATION = 0.9
+# GB/s one way between two GPUs of one server, what a prefill stage's KV crosses to its
+# decode stage (#39). A100/H100 SXM: NVLink, half the bidirectional 600/900 GB/s of their
+# datasheets (presets.GPUS). RTX 5090: GeForce drivers offer no peer-to-peer, so the KV is
+# staged through host memory: ~24 GB/s one way measured between two 5090s with P2P off
+# (~28 GB/s with a patched P2P driver; PCIe 5.0 x8; wumeicn.com, "NVIDIA RTX 5090 P2P
+# Support Enabled by Patched Driver", 2025); at x16 with P2P writes 5090s reach ~56 GB/s
+# same-NUMA and ~51 GB/s cross-NUMA (voipmonitor/rtx6kpro hardware/pcie-bandwidth.md), so
+# the seeds' PIX/NODE/SYS classes differ by ~10 %, less than the P2P-off penalty: the sim
+# takes the measured P2P-off figure for every pair.
+KV_LINK_GBS: dict[SimGpu, float] = {"a100": 300.0, "h100": 450.0, "rtx5090": 24.0}
 
 # vllm-project/vllm#41267 (see the module docstring, (c)): one H100, Qwen2.5-VL-7B, a
 # 1920x1080 image = 1932x1092 after smart_resize (factor 28) = 2,691 visual tokens of
@@ -208,6 +218,8 @@ class SimCalibration(BaseModel):
     encoder_cost_per_patch: float  # s per patch of an uncached frame
     encoder_attn_cost: float  # s per (patch, patch) pair of that frame
     kv_capacity_tokens: int
+    kv_bytes_per_token: int  # what a KV handoff moves per prompt token (`KV_BYTES` each)
+    kv_link_gbs: float  # the GPU-to-GPU link a handoff crosses (`KV_LINK_GBS`)
 
     def settings(self) -> dict[str, float | int]:
         """The `SimSettings` fields this calibration sets."""
@@ -315,6 +327,7 @@ def sim_calibration(
         encoder_cost_per_patch=round(per_patch, 12),
         encoder_attn_cost=round(pair, 15),
         kv_capacity_tokens=kv_capacity_tokens(gpu, m, prec),
+        kv_bytes_per_token=int(kv_per_token(m)), kv_link_gbs=KV_LINK_GBS[preset],
     )  # fmt: skip
 
 

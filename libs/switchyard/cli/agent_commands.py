@@ -13,6 +13,7 @@ from rich.table import Table
 
 # The option defaults are the fleet's (the best measured: README, "Agent steps").
 from switchyard.agentprompt import DEFAULT_LAYOUT, DEFAULT_WINDOW, MAX_WINDOW
+from switchyard.fleet.spec import role_split
 from switchyard.messages.agent import DEFAULT_ACTION_FORMAT
 from switchyard.vlmgeometry import DEFAULT_VLM
 
@@ -86,6 +87,13 @@ def agent_sim(
         help="sim: scheduling policy fcfs|priority of the started workers "
         "(SY_SIM_SCHEDULING_POLICY; priority = earliest due step first); default the sim's",
     ),
+    roles: str | None = typer.Option(
+        None,
+        help="the started workers' roles, e.g. 6p2d: 6 prefill then 2 decode workers "
+        "(disaggregated; --workers defaults to their count); default all both. With "
+        "--search: auto (colocated and 1..workers/2 decode workers) or a list (8b,6p2d), "
+        "one search each, and the best",
+    ),
     chunk: int = typer.Option(1, min=1, max=5, help="actions per answer"),
     act_ms: float = typer.Option(
         DEFAULT_ACT_MS, min=0.0, help="modelled ms one action takes on the phone"
@@ -150,8 +158,10 @@ def agent_sim(
     from switchyard.bench.agentsearch import (
         SLO_TARGET_MS,
         SLOS,
+        role_splits,
         run_budget_search,
         run_capacity_search,
+        run_role_search,
     )
     from switchyard.bench.agentsim import AgentSimConfig, AgentSimConfigError, run_agent_sim
     from switchyard.capacity.calibration import PRECISIONS, SIM_GPUS
@@ -173,6 +183,11 @@ def agent_sim(
     objective: Slo = slo  # narrowed by the check above
     target = target_ms if target_ms is not None else SLO_TARGET_MS[objective]
     w, _, h = resolution.partition("x")
+    # One split runs (or is searched) as given; `auto` or a list is a search per split.
+    many = roles is not None and (roles == "auto" or "," in roles)
+    if many and not search:
+        raise typer.BadParameter("auto or a list needs --search", param_hint="--roles")
+    split = None if many else roles
     sim = engine == "sim"
     scale = delay_scale if delay_scale is not None else (SEARCH_DELAY_SCALE if search else 1.0)
     scale = scale if sim else 1.0
@@ -181,7 +196,8 @@ def agent_sim(
     try:
         cfg = AgentSimConfig(
             phones=phones, steps=steps, engine=engine,
-            workers=workers or (8 if sim else 1), width=int(w), height=int(h),
+            workers=workers or _role_count(split) or (8 if sim else 1),
+            width=int(w), height=int(h), roles=split,
             max_pixels=max_pixels, vlm=vlm,
             # llama.cpp on a CPU serves one step at a time: a 2 s budget would drop most.
             # A slowed sim clock (delay scale) stretches the wall budget with it.
@@ -206,6 +222,29 @@ def agent_sim(
         raise typer.BadParameter("needs --search", param_hint="--budgets")
     if search:
         ladder = sorted({int(n) for n in loads.split(",") if n.strip()})
+        if many and roles is not None:
+            if budgets is not None:
+                raise typer.BadParameter("one of --budgets and a --roles search",
+                                         param_hint="--roles")  # fmt: skip
+            splits = role_splits(cfg.workers) if roles == "auto" else roles.split(",")
+            try:
+                for named in splits:
+                    role_split(named)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--roles") from exc
+            by_roles = run_role_search(cfg, splits, ladder, target, search_step,
+                                       min_loop_efficiency, objective)  # fmt: skip
+            if as_json:
+                print(json.dumps(_finite(by_roles.as_dict())))
+                return
+            for one_search in by_roles.searches:
+                _print_search(one_search)
+            Console().print(
+                "roles: " + ", ".join(
+                    f"{r}: {by_roles.capacity_phones[r] or 0} phones" for r in by_roles.splits
+                ) + f"; best {by_roles.roles}"
+            )  # fmt: skip
+            return
         if budgets is not None:
             each = sorted({int(n) for n in budgets.split(",") if n.strip()})
             if not each or min(each) < 64:
@@ -312,3 +351,13 @@ def _print_search(report: CapacityReport) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("agent-sim")(agent_sim)
+
+
+def _role_count(roles: str | None) -> int:
+    """Workers a role split names (0: none given, or not a split: the config says why)."""
+    if roles is None:
+        return 0
+    try:
+        return len(role_split(roles))
+    except ValueError:
+        return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from switchyard.errors import ErrorCode, SwitchyardError
 from switchyard.messages.inference import (
@@ -21,6 +21,7 @@ from switchyard.messages.inference import (
     GenerateRequest,
     Image,
     ImagePart,
+    KvHandoff,
     ModelledTimings,
     NoConstraint,
     Sampling,
@@ -63,6 +64,10 @@ class EngineRequest:
     # When its answer stops being of use (`GenerateRequest.due`: the deadline or the frame
     # going stale), Unix seconds: what an engine scheduling by priority orders by.
     due: float | None = None
+    # A decode stage (#39): the prompt's KV is the prefill worker's, moved here, not computed.
+    handoff: KvHandoff | None = None
+    # A prefill stage (#39): its KV is kept for a decode stage on another engine.
+    kv_producer: bool = False
 
     @property
     def priority(self) -> int:
@@ -97,6 +102,7 @@ class EngineRequest:
             tenant=req.tenant,
             due=req.due(),
             session=req.session,
+            handoff=req.handoff,
         )
 
 
@@ -109,6 +115,9 @@ class Delta:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: FinishReason | None = None
+    # A prefill stage's last delta (#39): the engine's parameters for moving its KV to the
+    # decode stage (vLLM's `kv_transfer_params`); None where the engine needs none (sim).
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -252,6 +252,12 @@ class SimSettings(SectionSettings):
     encoder_attn_cost: float = Field(
         default=_A100.encoder_attn_cost, ge=0, description="s per frame patch pair (preset)"
     )
+    kv_bytes_per_token: int = Field(
+        default=_A100.kv_bytes_per_token, ge=0, description="KV bytes a handoff moves (preset)"
+    )
+    kv_link_gbs: float = Field(
+        default=_A100.kv_link_gbs, gt=0, description="GB/s a KV handoff crosses at (preset)"
+    )
     delay_scale: float = Field(default=1.0, ge=0, description="wall s per modelled s; 0 = instant")
     tokens_per_image: int = Field(default=256, ge=1, description="when an image has no size")
     # The VLM simulated (`switchyard.vlmgeometry`; the pool's SY_AGENT_VLM): its visual
@@ -399,6 +405,10 @@ class _Seq:
     # not cached, charged to the step that carries its first prefill chunk.
     frames: list[tuple[int, int, int]] = field(default_factory=list)
     encoder: float = 0.0
+    # A decode stage (#39): its prompt's KV is moved from the prefill worker, not computed;
+    # it joins the steps when the move is done (virtual time), its last token to compute.
+    handoff: bool = False
+    loaded_at: float | None = None
 
     session: str | None = None  # tenant and session, the owner of the blocks it holds
     evicted_active: int = 0  # `SimTimings.evicted_active`
@@ -629,6 +639,7 @@ class SimEngine:
             order=(request.priority if s.scheduling_policy == "priority" else 0, self._arrivals),
             session=f"{request.tenant}\x1e{request.session}" if request.session else None,
             spec=spec,
+            handoff=request.handoff is not None,
         )
         self._arrivals += 1
         if seq.session is not None:
@@ -696,6 +707,10 @@ class SimEngine:
             seq.encoder = sum(
                 encoder_seconds(s, patches) for _, end, patches in seq.frames if end > seq.cached
             )
+            if seq.handoff:  # what this engine does not hold crosses the link, then one token
+                moved = (seq.prompt_len - seq.cached) * s.kv_bytes_per_token
+                seq.loaded_at = seq.aligned + moved / (s.kv_link_gbs * 1e9)
+                seq.remaining, seq.encoder = 1, 0.0
             self._running.append(seq)
 
     # -- the scheduler --------------------------------------------------------
@@ -718,9 +733,18 @@ class SimEngine:
         decoding, chunks = self._plan()
         if decoding or chunks:
             await self._run_step(decoding, chunks)
+            return
+        moving = [q.loaded_at for q in self._running if self._moving(q) and q.loaded_at]
+        if moving:  # idle but for KV on its way: the engine waits for the first to land
+            await self._sleep_until(min(moving))
+            self._now = max(self._now, min(moving))
         else:
             self._wake.clear()
             await self._wake.wait()
+
+    def _moving(self, seq: _Seq) -> bool:
+        """A decode stage whose KV is still crossing the link."""
+        return seq.loaded_at is not None and seq.loaded_at > self._now
 
     def _plan(self) -> tuple[list[_Seq], list[tuple[_Seq, int]]]:
         """The next step: every decoding sequence, then prefill chunks within what is left
@@ -729,7 +753,7 @@ class SimEngine:
         decoding = [q for q in self._running if q.state == "decode"]
         budget = self.settings.max_num_batched_tokens - sum(1 + q.draft() for q in decoding)
         chunks: list[tuple[_Seq, int]] = []
-        prefilling = [q for q in self._running if q.state == "prefill"]
+        prefilling = [q for q in self._running if q.state == "prefill" and not self._moving(q)]
         # Stable: the begun keep the running order, the rest sort by the policy's key.
         prefilling.sort(key=lambda q: (0, 0, 0) if q.begun else (1, *q.order))
         for q in prefilling:

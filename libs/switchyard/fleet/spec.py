@@ -15,6 +15,7 @@ write a `FleetSpec`.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import yaml
 
 from switchyard.apikeys import hash_key
 from switchyard.fleet.readiness import PoolReady
+from switchyard.messages.fleet import WorkerRole
 from switchyard.ports import free_port
 
 Engine = Literal["llamacpp", "sim", "vllm"]
@@ -88,16 +90,43 @@ class Roster:
     edge_ca: Path | None = None  # the CA an HTTPS edge's certificate chains to
 
 
+_ROLE_LETTERS: dict[str, WorkerRole] = {"p": "prefill", "d": "decode", "b": "both"}
+_SPLIT_RE = re.compile(r"(?:[1-9][0-9]*[pdb])+")
+
+
+def role_split(split: str) -> tuple[WorkerRole, ...]:
+    """Worker roles from a split such as `5p3d` (5 prefill, then 3 decode workers; `b` is
+    `both`), in that order. ValueError for anything else."""
+    text = split.strip().lower()
+    if not _SPLIT_RE.fullmatch(text):
+        raise ValueError(f"a role split is counts of p, d or b, as in 5p3d; got {split!r}")
+    return tuple(
+        _ROLE_LETTERS[letter]
+        for count, letter in re.findall(r"([0-9]+)([pdb])", text)
+        for _ in range(int(count))
+    )
+
+
 @dataclass(frozen=True)
 class Pool:
-    """`workers` worker replicas serving pool `name`, with ids `<name>-w<i>`."""
+    """`workers` worker replicas serving pool `name`, with ids `<name>-w<i>`; `roles`, one
+    per worker in order (`role_split`), disaggregates the pool (#39); empty: all `both`."""
 
     name: str
     workers: int = 1
     env: Mapping[str, str] = field(default_factory=dict)  # e.g. the engine's SY_SIM_*
+    roles: tuple[WorkerRole, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.roles and len(self.roles) != self.workers:
+            named = f"{len(self.roles)} roles for {self.workers} workers"
+            raise ValueError(f"pool {self.name}: {named}")
 
     def worker_ids(self) -> tuple[str, ...]:
         return tuple(f"{self.name}-w{i}" for i in range(self.workers))
+
+    def role(self, i: int) -> WorkerRole:
+        return self.roles[i] if self.roles else "both"
 
 
 @dataclass(frozen=True)
@@ -160,10 +189,11 @@ class FleetSpec:
     def _workers(self, common: Mapping[str, str]) -> list[Service]:
         workers = []
         for pool in self.pools:
-            for worker in pool.worker_ids():
+            for i, worker in enumerate(pool.worker_ids()):
                 env = {
                     **common, "SY_POOL": pool.name, "SY_ENGINE": self.engine,
-                    "SY_WORKER_ID": worker, "SY_ASSIGNMENT": "kv" if self.routed else "static",
+                    "SY_WORKER_ID": worker, "SY_WORKER_ROLE": pool.role(i),
+                    "SY_ASSIGNMENT": "kv" if self.routed else "static",
                     "SY_HEARTBEAT_INTERVAL": str(self.heartbeat_interval), **pool.env,
                 }  # fmt: skip
                 workers.append(self._service("worker", worker, env))

@@ -9,6 +9,8 @@ from pydantic import Field
 
 from switchyard.envelope import Model, SessionId, ShortText, TenantId, Token, UnixTime
 
+WorkerRole = Literal["both", "prefill", "decode"]
+
 
 class WorkerHeartbeat(Model):
     """A worker's value in KV `fleet_workers` (key = worker id); expires with the bucket TTL."""
@@ -28,6 +30,9 @@ class WorkerHeartbeat(Model):
     kv_capacity_tokens: int = Field(default=0, ge=0)
     prefix_hit_rate: float = Field(default=0.0, ge=0.0, le=1.0)
     draining: bool = False
+    # What it runs of a request (`SY_WORKER_ROLE`, #39): `both` (all of it), or one stage
+    # of a disaggregated pool: `prefill` (the prompt's KV) or `decode` (the answer).
+    role: WorkerRole = "both"
 
 
 class Assignment(Model):

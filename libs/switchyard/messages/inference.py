@@ -155,6 +155,23 @@ class FrameGeometry(Model):
     vlm: VlmName = "qwen2.5-vl"
 
 
+# Which part of a request a worker runs (#39): `whole` on a `both` worker; in a pool that
+# has `prefill` and `decode` workers, `prefill` (the prompt's KV, one token) and then
+# `decode` (the answer, over the KV the prefill left) on two GPUs.
+Stage = Literal["whole", "prefill", "decode"]
+
+
+class KvHandoff(Model):
+    """What a prefill stage leaves its decode stage: where the prompt's KV is, how many
+    tokens of it the prefill computed (what moves), and the engine's own transfer
+    parameters (vLLM's `kv_transfer_params`; opaque here)."""
+
+    worker: Token  # the prefill worker that holds the KV
+    tokens: int = Field(ge=0, le=10_000_000)
+    prefilled_at: UnixTime
+    params: dict[str, Any] = {}
+
+
 class GenerateRequest(Envelope):
     """What the router schedules from `REQ` and a worker runs from `WORK`.
 
@@ -202,11 +219,17 @@ class GenerateRequest(Envelope):
     # producer's estimate; the router places a new session where it fits (None: the
     # prompt and the answer).
     kv_window_tokens: int | None = Field(default=None, ge=0, le=10_000_000)
+    # Set by the router (`prefill`) and by the prefill worker (`decode`, with its
+    # `handoff`, back on `REQ`): which part of the request this message runs.
+    stage: Stage = "whole"
+    handoff: KvHandoff | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("exactly one of messages and prompt is required")
+        if (self.stage == "decode") != (self.handoff is not None):
+            raise ValueError("a decode stage, and only one, carries the prefill's handoff")
         return self
 
     def frame_age(self, now: float) -> float | None:

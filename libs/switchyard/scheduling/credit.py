@@ -142,12 +142,23 @@ class Ledger:
         router's, or taken already). `live`: heard as published, not read back from RES,
         so it also counts against its worker's last heartbeat."""
         if live and result.worker is not None and result.route is not None:
-            answered = self._answered.setdefault(result.worker, {})
-            answered[result.request_id] = result.route.finished_at
+            self._answered_by(result.worker, result.request_id, result.route.finished_at)
         out = self.outstanding.pop(result.request_id, None)
         if out is None:
             return None
         return Release(result.request_id, out, result.usage.completion_tokens)
+
+    def handed_off(self, request_id: str, worker: str, at: float) -> None:
+        """A prefill stage ended (#39), its decode stage handed back (at `at`, `worker`'s
+        clock): the prefill's credit comes back as a result's would, and its tenant keeps
+        what it reserved until the decode stage's result."""
+        self._answered_by(worker, request_id, at)
+        out = self.outstanding.get(request_id)
+        if out is not None and out.worker == worker:
+            del self.outstanding[request_id]
+
+    def _answered_by(self, worker: str, request_id: str, at: float) -> None:
+        self._answered.setdefault(worker, {})[request_id] = at
 
     def expire(self) -> list[Release]:
         """Give up on hearing the results of dispatches older than the backstop (answered
