@@ -4,6 +4,7 @@ Skipped only when a peer's launcher is not installed (the `bench` extra)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,5 +142,11 @@ def test_the_overhead_run_reports_hops_and_cpu_per_process_for_both_paths(
         cpu = column.cpu_ms_per_request or {}
         assert all(cpu.get(p, 0.0) > 0.05 for p in busy), cpu
     assert "preprocessor" not in (edge.cpu_ms_per_request or {})  # no such hop, no process
-    # A path does not bill the processes it does not use (beyond their idle background).
-    assert (result.columns[SMG].cpu_ms_per_request or {}).get("edge", 0.0) < 0.05
+    # A path does not bill the processes it does not use beyond their idle background,
+    # which the kernel's accounting rounds to whole clock ticks (10 ms): each block's
+    # user and system times may each cross one tick boundary of an idle process.
+    # (0.25 ms a request was measured here under load: one tick over 40 requests.)
+    blocks = cfg.requests // cfg.block
+    idle_ms = 2 * blocks * 1000 / os.sysconf("SC_CLK_TCK") / cfg.requests
+    billed = (result.columns[SMG].cpu_ms_per_request or {}).get("edge", 0.0)
+    assert billed <= idle_ms < (edge.cpu_ms_per_request or {})["edge"], (billed, idle_ms)
