@@ -131,6 +131,14 @@ class VllmSettings(SectionSettings):
     speculative_tokens: int = Field(default=0, ge=0, le=16)
     prompt_lookup_min: int = Field(default=PROMPT_LOOKUP[0], ge=1)
     prompt_lookup_max: int = Field(default=PROMPT_LOOKUP[1], ge=1)
+    # Disaggregated pools (#39): the KV connector a prefill or decode worker moves a
+    # request's KV with (vLLM's `kv_transfer_config`: `NixlConnector` between GPUs,
+    # `ExampleConnector` through files under `kv_connector_extra_config`'s
+    # `shared_storage_path`), in `kv_role` (kv_producer on a prefill worker, kv_consumer on
+    # a decode one); None: no transfer, a `both` worker.
+    kv_connector: str | None = None
+    kv_role: Literal["kv_producer", "kv_consumer", "kv_both"] = "kv_both"
+    kv_connector_extra_config: dict[str, Any] = {}
 
     @model_validator(mode="after")
     def _compact_json_needs_a_backend(self) -> VllmSettings:
@@ -160,6 +168,7 @@ class VllmApi:
     sampling_params: Any  # vllm.sampling_params.SamplingParams
     structured_outputs_params: Any  # vllm.sampling_params.StructuredOutputsParams
     structured_outputs_config: Any  # vllm.config.StructuredOutputsConfig
+    kv_transfer_config: Any  # vllm.config.KVTransferConfig
     output_kind: Any  # vllm.sampling_params.RequestOutputKind
     lora_request: Any  # vllm.lora.request.LoRARequest
 
@@ -180,6 +189,7 @@ def load_vllm() -> VllmApi:
         sampling_params=sp.SamplingParams,
         structured_outputs_params=sp.StructuredOutputsParams,
         structured_outputs_config=config.StructuredOutputsConfig,
+        kv_transfer_config=config.KVTransferConfig,
         output_kind=sp.RequestOutputKind,
         lora_request=lora.LoRARequest,
     )
@@ -204,6 +214,15 @@ def _require_device() -> None:
 def structured_outputs_config_kwargs(s: VllmSettings) -> dict[str, Any]:
     """`StructuredOutputsConfig` keyword arguments (`AsyncEngineArgs` takes the object)."""
     return {"backend": s.structured_outputs_backend, "disable_any_whitespace": s.compact_json}
+
+
+def kv_transfer_config_kwargs(s: VllmSettings) -> dict[str, Any] | None:
+    """`KVTransferConfig` keyword arguments (`AsyncEngineArgs` takes the object), or None
+    without a connector."""
+    if s.kv_connector is None:
+        return None
+    return {"kv_connector": s.kv_connector, "kv_role": s.kv_role,
+            "kv_connector_extra_config": dict(s.kv_connector_extra_config)}  # fmt: skip
 
 
 def engine_args_kwargs(s: VllmSettings) -> dict[str, Any]:
@@ -355,6 +374,12 @@ def sampling_kwargs(request: EngineRequest, api: VllmApi) -> dict[str, Any]:
     so = structured_outputs_kwargs(request.constraint)
     if so is not None:
         kw["structured_outputs"] = api.structured_outputs_params(**so)
+    # A stage of a disaggregated pool (#39), as vLLM's P/D proxy asks for one: a prefill
+    # keeps its KV for a remote decode; a decode takes the prefill's parameters back.
+    if request.kv_producer:
+        kw["extra_args"] = {"kv_transfer_params": {"do_remote_decode": True}}
+    elif request.handoff is not None and request.handoff.params:
+        kw["extra_args"] = {"kv_transfer_params": dict(request.handoff.params)}
     return kw
 
 
@@ -567,7 +592,11 @@ class VllmEngine:
         _require_device()
         s = self.settings
         outputs = api.structured_outputs_config(**structured_outputs_config_kwargs(s))
-        args = api.engine_args(**engine_args_kwargs(s), structured_outputs_config=outputs)
+        objects: dict[str, Any] = {"structured_outputs_config": outputs}
+        transfer = kv_transfer_config_kwargs(s)
+        if transfer is not None:
+            objects["kv_transfer_config"] = api.kv_transfer_config(**transfer)
+        args = api.engine_args(**engine_args_kwargs(s), **objects)
         try:
             # Loads the weights and profiles memory: minutes, on the event loop
             # as vLLM's own server does (its engine client binds to this loop).
@@ -688,7 +717,13 @@ class VllmEngine:
             if item.finished and reason is None:
                 reason = "stop"
             yield Delta(
-                out.text if out is not None else "", completion, prompt_tokens, cached, reason
+                out.text if out is not None else "",
+                completion,
+                prompt_tokens,
+                cached,
+                reason,
+                # A prefill stage's, for its decode stage (#39); None otherwise.
+                kv_transfer_params=getattr(item, "kv_transfer_params", None) if reason else None,
             )
             if reason is not None:
                 return
