@@ -33,7 +33,7 @@ from switchyard.bus.topology import TENANTS_BUCKET, WORKERS_BUCKET
 from switchyard.codec import decode
 from switchyard.errors import DecodeError
 from switchyard.logging import get_logger
-from switchyard.messages.fleet import TenantStatus, WorkerHeartbeat
+from switchyard.messages.fleet import TenantStatus, WorkerHeartbeat, WorkerRole
 from switchyard.messages.sql import SqlText
 
 log = get_logger(__name__)
@@ -48,6 +48,7 @@ class WorkerRow(BaseModel):
     worker: str
     pool: str
     engine: str
+    role: WorkerRole = Field(description="both, or one stage of a disaggregated pool")
     age: float = Field(description="seconds since its last heartbeat")
     partitions: list[int]
     slots: int
@@ -94,7 +95,7 @@ async def read_workers(bus: Bus, now: float) -> list[WorkerRow]:
     for beat in await _read_bucket(bus, WORKERS_BUCKET, ">", WorkerHeartbeat):
         rows.append(
             WorkerRow(
-                worker=beat.worker, pool=beat.pool, engine=beat.engine,
+                worker=beat.worker, pool=beat.pool, engine=beat.engine, role=beat.role,
                 age=round(max(0.0, now - beat.at), 3), partitions=sorted(beat.partitions),
                 slots=beat.slots, running=beat.running, waiting=beat.waiting,
                 queued=beat.queued, kv_cache_usage=beat.kv_cache_usage,

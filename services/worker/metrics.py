@@ -61,7 +61,8 @@ ANSWERS_CUT = Counter(
 )
 # A prefill worker's prefills whose decode stage went back on REQ (#39).
 HANDOFFS = Counter(
-    "sy_worker_handoff_requests_total", "Prefill stages handed to a decode worker (their KV left here)"
+    "sy_worker_handoff_requests_total",
+    "Prefill stages handed to a decode worker (their KV left here)",
 )
 PARTITIONS = Gauge("sy_worker_partitions", "Partitions this worker owns")
 INFO = Gauge("sy_worker_info", "Always 1: this worker's id, pool and engine backend",

@@ -135,7 +135,8 @@ async def test_an_async_phone_sends_its_next_step_while_the_chunk_executes(
     # So its two chunk ends with a successor found it in: no stall. Each early step named
     # the action under way (`pending`: one compact line, no longer than the widest action).
     assert t.stalls == [0.0, 0.0]
-    widest = max(len(pseudo_tokens(pending_text([a]))) for a in longest_answers("compact", 1, False))
+    lines = longest_answers("compact", 1, False)
+    widest = max(len(pseudo_tokens(pending_text([line]))) for line in lines)
     assert len(t.pending_tokens) == 2 and all(0 < n <= widest for n in t.pending_tokens)
     report = summarise(cfg, played.records, played.wall_s, played.times)
     assert report.wait_share < 0.25 and report.superseded == 0

@@ -14,7 +14,6 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-import pytest
 from prometheus_client import REGISTRY
 
 from switchyard.bench.agentsim import AgentSimConfig, play, summarise

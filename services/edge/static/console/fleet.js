@@ -24,7 +24,7 @@ function partitions(list) {
 
 function workerRow(w) {
   return el("tr", { dataset: { worker: w.worker } },
-    el("td", {}, w.worker), el("td", {}, w.pool), el("td", {}, w.engine),
+    el("td", {}, w.worker), el("td", {}, w.pool), el("td", {}, w.engine), el("td", {}, w.role),
     el("td", {}, partitions(w.partitions)), el("td", { class: "num" }, w.running),
     el("td", { class: "num" }, w.waiting), el("td", { class: "num" }, w.queued),
     el("td", { class: "num" }, w.slots),
