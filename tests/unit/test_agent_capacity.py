@@ -15,6 +15,7 @@ from switchyard.bench.agentsearch import (
     judge,
     limit_of,
     next_load,
+    role_splits,
 )
 from switchyard.bench.agentsim import (
     AgentSimConfig,
@@ -307,3 +308,18 @@ def test_stalls_give_the_phones_p99_and_the_share_of_chunks_without_a_successor(
     assert not judge(report, 50, slo="stall").passed
     # The step objective reads the step's p99 (300 ms here), not the stalls.
     assert judge(report, 500).passed and not judge(report, 250).passed
+
+
+def test_a_role_search_tries_colocated_and_prefill_heavy_splits() -> None:
+    assert role_splits(8) == ["8b", "7p1d", "6p2d", "5p3d", "4p4d"]
+    assert role_splits(2) == ["2b", "1p1d"] and role_splits(1) == ["1b"]
+
+
+def test_agent_sim_roles_name_every_worker_and_pair_prefill_with_decode() -> None:
+    assert AgentSimConfig(engine="sim", workers=3, roles="2p1d").roles == "2p1d"
+    with pytest.raises(AgentSimConfigError, match="name 3 workers, not 4"):
+        AgentSimConfig(engine="sim", workers=4, roles="2p1d")
+    with pytest.raises(AgentSimConfigError, match="prefill and decode go together"):
+        AgentSimConfig(engine="sim", workers=2, roles="2p")
+    with pytest.raises(AgentSimConfigError, match="counts of p, d or b"):
+        AgentSimConfig(engine="sim", workers=2, roles="two")

@@ -10,6 +10,7 @@ import yaml
 
 from switchyard.apikeys import hash_key
 from switchyard.fleet import UNMETERED, Edge, FleetSpec, Pool, PoolReady, env_of
+from switchyard.fleet.spec import role_split
 
 
 def test_settings_fields_become_the_variables_services_read() -> None:
@@ -62,3 +63,18 @@ def test_without_a_router_the_workers_own_their_partitions(tmp_path: Path) -> No
 def test_an_unknown_service_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown services"):
         FleetSpec(services=("rooter",)).roster(tmp_path)
+
+
+def test_a_role_split_names_each_workers_role_in_order(tmp_path: Path) -> None:
+    assert role_split("2p1d") == ("prefill", "prefill", "decode")
+    assert role_split("1B2P") == ("both", "prefill", "prefill")
+    for bad in ("", "p2", "0p1d", "2x", "2p 1d", "auto"):
+        with pytest.raises(ValueError, match="counts of p, d or b"):
+            role_split(bad)
+    spec = FleetSpec(pools=(Pool("agent", 3, roles=role_split("2p1d")), Pool("llm")))
+    env = {s.name: s.env for s in spec.roster(tmp_path).services}
+    assert [env[f"agent-w{i}"]["SY_WORKER_ROLE"] for i in range(3)] == [
+        "prefill", "prefill", "decode"]  # fmt: skip
+    assert env["llm-w0"]["SY_WORKER_ROLE"] == "both"
+    with pytest.raises(ValueError, match="2 roles for 3 workers"):
+        Pool("agent", 3, roles=role_split("1p1d"))
