@@ -298,8 +298,7 @@ class Router:
         if held is not None:  # redelivered while it waits here: keep the newer handle
             held.msg = msg
             return
-        out = self.ledger.outstanding.get(req.id)
-        if out is not None and out.worker != handoff.worker:
+        if self.ledger.decoding(req.id):
             await msg.ack()  # its decode stage went out already; WORK dedupe covers the rest
             return
         now = time.time()
@@ -469,7 +468,8 @@ class Router:
                         "stage": stage}
             )  # fmt: skip
             self.ledger.dispatch(
-                req.id, req.pool, worker, req.tenant, req.sampling.max_tokens, decision.work
+                req.id, req.pool, worker, req.tenant, req.sampling.max_tokens, decision.work,
+                decode=item is None,
             )
             # Committed now, not at the ack: the next pick of this round must see where
             # this session and prefix went.

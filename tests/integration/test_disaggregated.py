@@ -5,30 +5,45 @@ which computes the prompt's KV and one token and hands the decode stage back on 
 router places that on the decode worker (sticky per session too), which moves the KV
 (modelled: the bytes over the link) instead of computing it, and answers. The phone sees
 one answer per step, from the decode worker. A colocated worker beside them is the
-control: the same step prefilled there costs the frame's compute.
+control: the same step prefilled there costs the frame's compute. The drill kills -9 a
+prefill and a decode worker under load: nothing is lost, nothing answered twice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import signal
+import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 
+import yaml
+from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
 from switchyard.bench.agentsim import AgentSimConfig, play, summarise
 from switchyard.bus.connection import connect
+from switchyard.bus.publish import publish
+from switchyard.bus.tokenstream import TokenStreamReader
+from switchyard.bus.topology import TopologySettings
 from switchyard.capacity.calibration import sim_decode_seconds
+from switchyard.codec import decode
 from switchyard.config import Settings
 from switchyard.engines.sim import SimSettings
 from switchyard.ids import new_id
+from switchyard.messages.inference import ChatMessage, GenerateRequest, GenerateResult, Sampling
 from tests.support.fleet import (
     preprocessor_in_process,
     provision_pool,
     router_in_process,
+    service_process,
     wait_for_pool,
     worker_in_process,
 )
+from tests.support.poll import until
 
 CFG = AgentSimConfig(
     engine="sim", workers=2, width=1280, height=720, stale_after=30.0, frame_pool=2,
@@ -106,3 +121,103 @@ async def test_a_colocated_worker_computes_the_prompt_itself(nats_url: str) -> N
     assert first.status == "ok" and first.worker == f"{pool}-w0"
     assert first.prefill_s is not None and first.prefill_s > 3 * moved_prompt_bound()
     assert handoffs() == before
+
+
+async def test_kill_9_of_a_prefill_and_a_decode_worker_loses_nothing_and_answers_once(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """The drill of #39: two prefill and two decode workers (processes) under a stream of
+    requests; one of each is killed -9 while requests run on it. Every request is answered
+    exactly once (on RES and on its reply stream), by the survivors where the dead held it:
+    a stage on a dead worker's partition runs again on the worker that partition moves to.
+    A handoff from a prefill run again elsewhere is still taken (the first version of the
+    router dropped it as a repeat: `Ledger.decoding`)."""
+    pool, tenant, parts = f"pk{new_id().lower()[-8:]}", f"t{new_id().lower()[-8:]}", 8
+    bus = await connect(Settings(nats_url=nats_url), "pytest-pd-drill")
+    await provision_pool(bus.js, pool, partitions=parts, ack_wait=TopologySettings().work_ack_wait)
+    policy = tmp_path / "tenants.yaml"
+    policy.write_text(yaml.safe_dump(
+        {"default": {"itpm": 10**9, "otpm": 10**8, "max_queued_tokens": 10**9}}
+    ))  # fmt: skip
+    env = {"SY_ASSIGNMENT": "kv", "SY_POOL": pool, "SY_ENGINE": "sim",
+           "SY_PARTITIONS": str(parts), "SY_SIM_DELAY_SCALE": "1"}  # fmt: skip
+    on_res: Counter[str] = Counter()
+
+    async def heard(msg: Msg) -> None:
+        on_res[decode(msg.data, GenerateResult).request_id] += 1
+
+    res_sub = await bus.js.subscribe(f"res.llm.{tenant}", cb=heard, ordered_consumer=True)
+    finals: Counter[str] = Counter()
+    answered: dict[str, tuple[float, GenerateResult]] = {}
+    running: dict[str, set[str]] = {"decode": set()}
+
+    async def ask(req: GenerateRequest, sent: float) -> None:
+        async with TokenStreamReader(bus.nc, idle_timeout=120) as reader:
+            await publish(
+                bus.js, f"req.llm.{tenant}", req.model_copy(update={"reply": reader.inbox})
+            )
+            async for frame in reader:
+                if frame.type == "delta":
+                    running["decode"].add(req.id)
+                elif frame.result is not None:
+                    finals[req.id] += 1
+                    answered[req.id] = (time.monotonic() - sent, frame.result)
+
+    workers = {
+        f"{pool}-w{i}": role for i, role in enumerate(("prefill", "prefill", "decode", "decode"))
+    }
+    try:
+        async with router_in_process(nats_url, partitions=parts, pools=[pool],
+                                     tenant_policy=policy, rebalance_interval=0.2):  # fmt: skip
+            with contextlib.ExitStack() as procs:
+                children = {
+                    w: procs.enter_context(service_process(
+                        "worker", nats_url, SY_WORKER_ID=w, SY_WORKER_ROLE=role, **env))
+                    for w, role in workers.items()
+                }  # fmt: skip
+                await wait_for_pool(bus.js, pool, len(workers), parts)
+                # ~1,000-token prompts (a prefill of ~0.1 s) and 200-token answers (~3 s).
+                reqs = [
+                    GenerateRequest(
+                        tenant=tenant,
+                        workload="llm",
+                        pool=pool,
+                        prompt_tokens=1000,
+                        messages=[ChatMessage(role="user", content=f"q{i} " + "word " * 900)],
+                        sampling=Sampling(max_tokens=200, temperature=0.0, seed=1),
+                    )
+                    for i in range(30)
+                ]
+                asking = []
+                for i, req in enumerate(reqs):
+                    asking.append(asyncio.create_task(ask(req, time.monotonic())))
+                    if i == 12:  # requests mid-decode on both decode workers, more arriving
+                        await until(lambda: len(running["decode"]) >= 8, timeout=60,
+                                    what="decode stages streaming")  # fmt: skip
+                        for w in (f"{pool}-w0", f"{pool}-w2"):  # a prefill and a decode worker
+                            children[w].proc.send_signal(signal.SIGKILL)
+                            children[w].proc.wait(10)
+                    await asyncio.sleep(0.05)
+                await asyncio.wait_for(asyncio.gather(*asking), 120)
+                await asyncio.sleep(2.0)  # room for a duplicate answer to show up on RES
+    finally:
+        await res_sub.unsubscribe()
+        await bus.close()
+    ids = {r.id for r in reqs}
+    assert set(answered) == ids and set(on_res) == ids, f"lost: {ids - set(answered)}"
+    assert all(n == 1 for n in on_res.values()) and all(n == 1 for n in finals.values())
+    decoded_by = Counter(result.worker for _, result in answered.values())
+    # The dead held requests: the survivors answered them (a dead worker's WORK goes to
+    # whoever its partitions moved to, of either role: a stage runs wherever it lands).
+    held = [r for _, r in answered.values() if r.route and r.route.routed_to == f"{pool}-w2"]
+    assert held and {r.worker for r in held} <= {f"{pool}-w1", f"{pool}-w3"}, held
+    assert f"{pool}-w3" in decoded_by
+    dead = [r for _, r in answered.values() if r.status != "ok"]
+    # A decode stage that had streamed tokens when its worker died is answered engine_error
+    # (the worker-failover rule); none is lost or answered twice.
+    assert all(r.error is not None and r.error.code == "engine_error" for r in dead), dead
+    waits = sorted(t for t, _ in answered.values())
+    print(
+        f"drill: p50 {waits[len(waits) // 2]:.2f} s, max {waits[-1]:.2f} s, "
+        f"by worker {dict(decoded_by)}, not ok {len(dead)}"
+    )

@@ -339,11 +339,23 @@ def test_a_handoff_frees_the_prefill_workers_credit_and_keeps_nothing_else(
 def test_a_handoff_heard_after_its_decode_went_out_releases_nothing_of_it(
     ledger: Ledger, clock: Clock
 ) -> None:
-    """A decode stage redelivered after its dispatch: the handoff names the prefill worker,
-    not the one that holds the request now, so the decode dispatch keeps its credit."""
-    send(ledger, "r1", worker="d1")
+    """A decode stage redelivered after its dispatch: the decode dispatch keeps its credit."""
+    ledger.dispatch("r1", "p", "d1", "acme", 100, tokens=50.0, decode=True)
+    assert ledger.decoding("r1")
     ledger.handed_off("r1", "p1", clock.now)
     assert "r1" in ledger and ledger.outstanding["r1"].worker == "d1"
+
+
+def test_a_prefill_run_again_elsewhere_releases_the_first_dispatch(
+    ledger: Ledger, clock: Clock
+) -> None:
+    """The prefill worker died; its partition moved and another worker ran the prefill and
+    handed off: the dispatch (to the dead one) is released all the same, and the decode
+    stage is not taken for one already out (the drill found a request lost that way)."""
+    send(ledger, "r1", worker="p-dead")
+    assert not ledger.decoding("r1")
+    ledger.handed_off("r1", "p-heir", clock.now)
+    assert "r1" not in ledger
 
 
 def test_a_handoff_counts_against_the_prefill_workers_last_heartbeat(

@@ -97,6 +97,7 @@ class Dispatch:
     max_tokens: int
     tokens: float  # what it adds to its worker's load (`Decision.work`)
     at: float
+    decode: bool = False  # a disaggregated request's decode stage (#39), not its first
 
 
 @dataclass(frozen=True)
@@ -124,14 +125,19 @@ class Ledger:
 
     def dispatch(
         self, request_id: str, pool: str, worker: str, tenant: str, max_tokens: int,
-        tokens: float,
+        tokens: float, *, decode: bool = False,
     ) -> None:  # fmt: skip
         """Registered before the WORK publish: a fast engine can answer while its ack is
         still awaited, and a result for a request not yet registered would be dropped and
         its credit and concurrency held forever."""
         self.outstanding[request_id] = Dispatch(
-            pool, worker, tenant, max_tokens, tokens, self.clock()
+            pool, worker, tenant, max_tokens, tokens, self.clock(), decode
         )
+
+    def decoding(self, request_id: str) -> bool:
+        """Its decode stage is dispatched (a handoff heard again is one it already took)."""
+        out = self.outstanding.get(request_id)
+        return out is not None and out.decode
 
     def undispatch(self, request_id: str) -> None:
         """The WORK publish failed: nothing was sent, nothing is held."""
@@ -149,13 +155,13 @@ class Ledger:
         return Release(result.request_id, out, result.usage.completion_tokens)
 
     def handed_off(self, request_id: str, worker: str, at: float) -> None:
-        """A prefill stage ended (#39), its decode stage handed back (at `at`, `worker`'s
-        clock): the prefill's credit comes back as a result's would, and its tenant keeps
-        what it reserved until the decode stage's result."""
+        """A prefill stage ended (#39), its decode stage handed back by `worker` (at `at`,
+        its clock): the prefill's credit comes back as a result's would (whoever ran it:
+        a dead worker's prefill runs again where its partition moved), and its tenant
+        keeps what it reserved until the decode stage's result."""
         self._answered_by(worker, request_id, at)
-        out = self.outstanding.get(request_id)
-        if out is not None and out.worker == worker:
-            del self.outstanding[request_id]
+        if not self.decoding(request_id):
+            self.outstanding.pop(request_id, None)
 
     def _answered_by(self, worker: str, request_id: str, at: float) -> None:
         self._answered.setdefault(worker, {})[request_id] = at
