@@ -468,7 +468,12 @@ class Router:
                         "stage": stage}
             )  # fmt: skip
             self.ledger.dispatch(
-                req.id, req.pool, worker, req.tenant, req.sampling.max_tokens, decision.work,
+                req.id,
+                req.pool,
+                worker,
+                req.tenant,
+                req.sampling.max_tokens,
+                decision.work,
                 decode=item is None,
             )
             # Committed now, not at the ack: the next pick of this round must see where
