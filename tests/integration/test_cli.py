@@ -168,6 +168,21 @@ def test_up_dry_run_prints_the_plan(nats_url: str) -> None:
             assert expected in result.output
 
 
+def test_up_roles_split_the_agent_pool_by_role(nats_url: str) -> None:
+    result = CliRunner().invoke(
+        app, ["up", "--dry-run", "--nats", nats_url, "--engine", "sim", "--roles", "2p1d"]
+    )
+    assert result.exit_code == 0, result.output
+    for replica, role in (("1", "prefill"), ("2", "prefill"), ("3", "decode")):
+        assert (f"would start worker-agent-{replica}: python -m services.worker SY_POOL=agent "
+                f"SY_ENGINE=sim SY_WORKER_ROLE={role}") in result.output  # fmt: skip
+    assert "would start worker: python -m services.worker SY_POOL=llm SY_ENGINE=sim\n" in (
+        result.output
+    )
+    bad = CliRunner().invoke(app, ["up", "--dry-run", "--nats", nats_url, "--roles", "2q"])
+    assert bad.exit_code != 0 and "counts of p, d or b" in bad.output
+
+
 def test_up_dry_run_without_nats_would_start_an_embedded_one() -> None:
     result = CliRunner().invoke(app, ["up", "--dry-run", "--nats", "nats://127.0.0.1:1"])
     assert result.exit_code == 0, result.output

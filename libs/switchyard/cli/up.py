@@ -49,8 +49,9 @@ from switchyard.config import Settings
 from switchyard.errors import SwitchyardError
 from switchyard.fleet import Fleet, FleetError, NotReady, PoolReady, Roster, Service, launch
 from switchyard.fleet.bus import any_reachable, host_port
-from switchyard.fleet.spec import env_of
+from switchyard.fleet.spec import env_of, role_split
 from switchyard.identity import Identity
+from switchyard.messages.fleet import WorkerRole
 from switchyard.natsserver import EmbeddedCluster, EmbeddedNats, tls_block
 from switchyard.pki import CertFiles, LocalCA
 
@@ -104,10 +105,12 @@ def runnable(module: str) -> bool:
 
 
 def plan(
-    fleet: tuple[Service, ...], *, workers: int, engine: Engine, edge_port: int = 8080
-) -> tuple[list[Service], list[Service]]:
-    """The processes to start (`workers` replicas of each worker), and the services
-    skipped because they cannot run yet."""
+    fleet: tuple[Service, ...], *, workers: int, engine: Engine, edge_port: int = 8080,
+    agent_roles: tuple[WorkerRole, ...] = (),
+) -> tuple[list[Service], list[Service]]:  # fmt: skip
+    """The processes to start (`workers` replicas of each worker; the agent pool's one per
+    role of `agent_roles` when given, #39), and the services skipped because they cannot
+    run yet."""
     procs: list[Service] = []
     skipped: list[Service] = []
     for service in fleet:
@@ -115,13 +118,17 @@ def plan(
             skipped.append(service)
             continue
         replicas, env = 1, dict(service.env)
+        roles: tuple[WorkerRole, ...] = ()
         if service.kind == "worker":
             replicas, env = workers, {**env, "SY_ENGINE": engine}
+            if agent_roles and env.get("SY_POOL") == "agent":
+                replicas, roles = len(agent_roles), agent_roles
         if service.kind == "edge":
             env = {**env, "SY_PORT": str(edge_port)}
         for i in range(1, replicas + 1):
             name = service.name if replicas == 1 else f"{service.name}-{i}"
-            procs.append(Service(name, service.module, env, service.nats_user or service.name))
+            own = {**env, "SY_WORKER_ROLE": roles[i - 1]} if roles else env
+            procs.append(Service(name, service.module, own, service.nats_user or service.name))
     return procs, skipped
 
 
@@ -400,6 +407,13 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--nats", help="NATS URL (default: SY_NATS_URL or localhost)")
         ] = None,
         workers: Annotated[int, typer.Option(min=1, help="worker replicas")] = 1,
+        roles: Annotated[
+            str | None,
+            typer.Option(
+                help="the agent pool's workers by role, e.g. 6p2d: 6 prefill then 2 decode "
+                "workers (a disaggregated pool); default --workers of role both"
+            ),
+        ] = None,
         engine: Annotated[
             Engine, typer.Option(help="inference engine of the workers")
         ] = "llamacpp",
@@ -452,7 +466,12 @@ def register(app: typer.Typer) -> None:
             # Every process (the launcher's provisioning included) reads it from here.
             os.environ.setdefault("SY_REPLICAS", str(min(3, nats_cluster)))
             url = ",".join(f"nats://{host}:{p}" for p in range(port, port + nats_cluster))
-        procs, skipped = plan(FLEET, workers=workers, engine=engine, edge_port=edge_port)
+        try:
+            agent_roles = role_split(roles) if roles is not None else ()
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--roles") from exc
+        procs, skipped = plan(FLEET, workers=workers, engine=engine, edge_port=edge_port,
+                              agent_roles=agent_roles)  # fmt: skip
         topology = build_topology(TopologySettings(nats_url=url))
         nats_dir = data_dir / "nats"
         secrets: LocalSecrets | None = None
