@@ -373,6 +373,8 @@ class Router:
         for pool, affinity in self.affinity.items():
             affinity.observe(list(loads[pool].values()), now)
         decoders = {pool: decode for pool, (_, decode) in both.items()}
+        for pool, affinity in self.decode_affinity.items():
+            affinity.observe(list(decoders[pool].values()), now)
         if not await self._dispatch_decodes(decoders, now):
             return
         decided: dict[str, Decision] = {}  # request id -> what `can_run` decided for it
