@@ -314,6 +314,7 @@ PUBLISH: dict[str, tuple[list[str], list[str]]] = {
         [
             "_INBOX.edge.x",
             "res.agent.acme",
+            "req.agent.acme",  # a prefill worker's decode stage, back to the router (#39)
             "dlq.work.agent.p0",
             "$KV.fleet_workers.gpu0",
             "$JS.API.CONSUMER.MSG.NEXT.WORK.work-agent-p0",
@@ -326,7 +327,6 @@ PUBLISH: dict[str, tuple[list[str], list[str]]] = {
             "svc.sql.execute",
             "svc.sql.validate",
             "sql.in.acme",
-            "req.sql.acme",
             "work.agent.p0",
             "audit.sql.acme",
             "$KV.fleet_assignments.agent.0",
