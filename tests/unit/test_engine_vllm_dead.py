@@ -78,7 +78,7 @@ def engine_on(llm: Any) -> VllmEngine:
     engine = VllmEngine(VllmSettings(max_pixels=None, limit_mm_per_prompt={}))
     engine._api = VllmApi(
         async_llm=None, engine_args=None, sampling_params=lambda **kw: kw,
-        structured_outputs_params=dict, structured_outputs_config=dict,
+        structured_outputs_params=dict, structured_outputs_config=dict, kv_transfer_config=dict,
         output_kind=types.SimpleNamespace(DELTA=1), lora_request=None,
     )  # fmt: skip
     engine._llm, engine._tokenizer = llm, Tokenizer()

@@ -119,6 +119,7 @@ from switchyard.messages.inference import (
     ImagePart,
     JsonObjectConstraint,
     JsonSchemaConstraint,
+    KvHandoff,
     NoConstraint,
     RegexConstraint,
     Sampling,
@@ -197,8 +198,19 @@ ENGINE_ARG_FIELDS = names(
     mm_processor_kwargs mm_processor_cache_gb enable_lora max_loras max_lora_rank
     default_mm_loras fully_sharded_loras max_cpu_loras lora_dtype enable_chunked_prefill
     structured_outputs_config reasoning_parser speculative_config scheduling_policy
-    compilation_config generation_config enable_log_requests"""
+    compilation_config generation_config enable_log_requests kv_transfer_config"""
 )
+
+
+@dataclasses.dataclass
+class KVTransferConfig:
+    """vllm/config/kv_transfer.py: @config class KVTransferConfig: kv_connector: str | None;
+    kv_role: "kv_producer" | "kv_consumer" | "kv_both" | None; kv_connector_extra_config:
+    dict[str, Any]; ... (AsyncEngineArgs takes the object)."""
+
+    kv_connector: str | None = None
+    kv_role: str | None = None
+    kv_connector_extra_config: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -449,7 +461,10 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[AsyncLLM]]:
         "vllm.engine.arg_utils": {"AsyncEngineArgs": AsyncEngineArgs},
         "vllm.lora": {},
         "vllm.lora.request": {"LoRARequest": LoRARequest},
-        "vllm.config": {"StructuredOutputsConfig": StructuredOutputsConfig},
+        "vllm.config": {
+            "StructuredOutputsConfig": StructuredOutputsConfig,
+            "KVTransferConfig": KVTransferConfig,
+        },
         "vllm.outputs": {"RequestOutput": RequestOutput, "CompletionOutput": CompletionOutput},
         "vllm.platforms": {"current_platform": types.SimpleNamespace(is_cpu=lambda: False)},
     }
@@ -574,6 +589,31 @@ async def test_engine_args_come_from_settings(fake_vllm: type[AsyncLLM], tmp_pat
     assert engine.capabilities.lora and engine.capabilities.max_context == 32_768
     await engine.close()
     assert fake_vllm.instances[-1].shut
+
+
+async def test_a_kv_connector_and_the_stages_reach_vllm(fake_vllm: type[AsyncLLM]) -> None:
+    """#39: the connector settings become vLLM's KVTransferConfig (none without one); a
+    prefill stage asks vLLM to keep its KV for a remote decode, a decode stage passes the
+    prefill's parameters back, a whole request neither."""
+    extra = {"shared_storage_path": "/kv"}
+    settings = VllmSettings(kv_connector="NixlConnector", kv_role="kv_producer",
+                            kv_connector_extra_config=extra)  # fmt: skip
+    engine = await started(settings)
+    config = fake_vllm.instances[-1].engine_args.kv_transfer_config
+    assert config == KVTransferConfig("NixlConnector", "kv_producer", extra)
+    await engine.close()
+    plain = await started(VllmSettings())
+    assert "kv_transfer_config" not in fake_vllm.instances[-1].engine_args.kwargs
+    await plain.close()
+    whole = EngineRequest("w", prompt="hello")
+    params = {"remote_engine_id": "e1", "remote_block_ids": [1, 2]}
+    handoff = KvHandoff(worker="p1", tokens=2, prefilled_at=0.0, params=params)
+    prefill = dataclasses.replace(whole, request_id="p", kv_producer=True)
+    decode = dataclasses.replace(whole, request_id="d", handoff=handoff)
+    made = [mapped(r).sampling_params.kwargs for r in (whole, prefill, decode)]
+    assert "extra_args" not in made[0]
+    assert made[1]["extra_args"] == {"kv_transfer_params": {"do_remote_decode": True}}
+    assert made[2]["extra_args"] == {"kv_transfer_params": params}
 
 
 async def test_compact_json_goes_to_vllm_with_its_backend(fake_vllm: type[AsyncLLM]) -> None:

@@ -58,6 +58,16 @@ def sql_audit(
     )
 
 
+# How long a decision waits for AUDIT to take its event while a cluster elects AUDIT's
+# leader (2-10 s measured here): nothing is approved unaudited, so without it a question
+# asked in an election was dead-lettered after its handler's few quick retries
+# (tests/integration/test_sql_failover.py); within sqlflow's 20 s guard timeout.
+AUDIT_PATIENCE = 12.0
+
+
 async def publish_audit(js: JetStreamContext, event: AuditEvent, timeout: float = 2.0) -> None:
-    """Store the event in AUDIT; raises if the stream does not acknowledge it."""
-    await publish(js, subjects.audit("sql", event.tenant), event, timeout=timeout)
+    """Store the event in AUDIT, patient through a leader election (`AUDIT_PATIENCE`, each
+    attempt `timeout`); raises if the stream still does not acknowledge it."""
+    await publish(
+        js, subjects.audit("sql", event.tenant), event, timeout=timeout, patience=AUDIT_PATIENCE
+    )
