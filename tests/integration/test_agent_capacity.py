@@ -108,6 +108,6 @@ def test_the_search_per_token_budget_reaches_the_workers_and_names_the_best() ->
     prefill = [s["at_capacity"]["modelled"]["p50_parts_ms"]["prefill"] for s in (small, large)]
     assert prefill[0] > prefill[1] > 0
     # Both served every phone: the lower tail wins (which one that is, at real time on a
-    # shared machine, is the run's; the rule is `best_budget`'s, unit-tested).
+    # shared machine, is the run's; the rule is `best_setting`'s, unit-tested).
     tails = {s["config"]["max_num_batched_tokens"]: s["p99_ms"] for s in (small, large)}
     assert out["best_budget"] == min(tails, key=lambda b: (tails[b], -b))

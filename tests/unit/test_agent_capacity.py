@@ -10,7 +10,7 @@ import pytest
 
 from switchyard.bench.agentsearch import (
     LoadResult,
-    best_budget,
+    best_setting,
     explain_limit,
     judge,
     limit_of,
@@ -268,12 +268,12 @@ def test_the_limit_tells_own_decode_from_decode_slowed_by_others_prefill() -> No
 
 
 def test_the_best_budget_serves_the_most_phones_then_the_lowest_tail() -> None:
-    assert best_budget([(512, 40, 480.0), (8192, 35, 300.0)]) == 512
-    assert best_budget([(512, 40, 480.0), (2048, 40, 450.0), (8192, 40, 470.0)]) == 2048
+    assert best_setting([(512, 40, 480.0), (8192, 35, 300.0)]) == 512
+    assert best_setting([(512, 40, 480.0), (2048, 40, 450.0), (8192, 40, 470.0)]) == 2048
     # The same phones and tail: the larger budget, fewer engine steps per prefill.
-    assert best_budget([(512, 40, 450.0), (8192, 40, 450.0)]) == 8192
-    assert best_budget([(256, None, None), (512, 10, 400.0)]) == 512
-    assert best_budget([(256, None, None)]) is None
+    assert best_setting([(512, 40, 450.0), (8192, 40, 450.0)]) == 8192
+    assert best_setting([(256, None, None), (512, 10, 400.0)]) == 512
+    assert best_setting([(256, None, None)]) is None
 
 
 def test_the_started_workers_get_the_agent_pools_budget_for_their_gpu() -> None:

@@ -33,7 +33,7 @@ passed (the capacity is at least the top rung).
 
 With several per-step token budgets (`sy agent-sim --search --budgets`), the search
 runs once per budget (the sim workers' `max_num_batched_tokens`) and names the best
-(`best_budget`): the most phones, then the lower p99 at capacity, then the larger
+(`best_budget`, by `best_setting`): the most phones, then the lower p99 at capacity, then the larger
 budget (fewer engine steps per prefill). A small budget is Sarathi-Serve's stall-free
 batching (Agrawal et al., OSDI 2024, arXiv 2403.02310): a step carries decodes and at
 most that many prefill tokens, so a frame's prefill no longer stalls every decoding
@@ -48,7 +48,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 
 from switchyard import eventloop
 from switchyard.bench.agentsim import (
@@ -152,13 +152,17 @@ class BudgetSearch:
         return asdict(self)
 
 
-def best_budget(results: Sequence[tuple[int, int | None, float | None]]) -> int | None:
-    """Of (budget, phones at capacity, p99 ms there), the budget that served the most
-    phones; ties go to the lower p99, then to the larger budget (fewer steps per prefill,
-    so less per-step overhead). None if no budget passed a load."""
+Setting = TypeVar("Setting", int, str)
+
+
+def best_setting(results: Sequence[tuple[Setting, int | None, float | None]]) -> Setting | None:
+    """Of (setting, phones at capacity, p99 ms there) - a token budget, a role split - the
+    setting that served the most phones; ties go to the lower p99, then to the larger
+    setting (of budgets, fewer steps per prefill, so less per-step overhead). None if no
+    setting passed a load."""
     ranked = [
-        (phones, -(p99 if p99 is not None else math.inf), budget)
-        for budget, phones, p99 in results
+        (phones, -(p99 if p99 is not None else math.inf), setting)
+        for setting, phones, p99 in results
         if phones is not None
     ]
     return max(ranked)[2] if ranked else None
@@ -200,16 +204,11 @@ def run_role_search(
         run = replace(cfg, roles=None if colocated else split)
         found = run_capacity_search(run, ladder, target_ms, resolution, min_loop_efficiency, slo)
         searches.append((split, colocated, found))
-    ranked = [
-        (r.capacity_phones, -(r.p99_ms if r.p99_ms is not None else math.inf), split)
-        for split, _, r in searches
-        if r.capacity_phones is not None
-    ]
     colocated_phones = [r.capacity_phones for _, c, r in searches if c]
     return RoleSearch(
         splits=list(splits),
         capacity_phones={split: r.capacity_phones for split, _, r in searches},
-        roles=max(ranked)[2] if ranked else None,
+        roles=best_setting([(split, r.capacity_phones, r.p99_ms) for split, _, r in searches]),
         colocated_capacity_phones=colocated_phones[0] if colocated_phones else None,
         searches=[r for _, _, r in searches],
     )
@@ -230,7 +229,7 @@ def run_budget_search(
     return BudgetSearch(
         budgets=list(budgets),
         capacity_phones={b: r.capacity_phones for b, r in searches},
-        best_budget=best_budget([(b, r.capacity_phones, r.p99_ms) for b, r in searches]),
+        best_budget=best_setting([(b, r.capacity_phones, r.p99_ms) for b, r in searches]),
         searches=[r for _, r in searches],
     )
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -234,16 +235,8 @@ def agent_sim(
                 raise typer.BadParameter(str(exc), param_hint="--roles") from exc
             by_roles = run_role_search(cfg, splits, ladder, target, search_step,
                                        min_loop_efficiency, objective)  # fmt: skip
-            if as_json:
-                print(json.dumps(_finite(by_roles.as_dict())))
-                return
-            for one_search in by_roles.searches:
-                _print_search(one_search)
-            Console().print(
-                "roles: " + ", ".join(
-                    f"{r}: {by_roles.capacity_phones[r] or 0} phones" for r in by_roles.splits
-                ) + f"; best {by_roles.roles}"
-            )  # fmt: skip
+            _print_searches(by_roles.as_dict() if as_json else None, by_roles.searches, "roles",
+                            by_roles.capacity_phones, by_roles.roles)  # fmt: skip
             return
         if budgets is not None:
             each = sorted({int(n) for n in budgets.split(",") if n.strip()})
@@ -252,16 +245,8 @@ def agent_sim(
                                          param_hint="--budgets")  # fmt: skip
             found = run_budget_search(cfg, each, ladder, target, search_step,
                                       min_loop_efficiency, objective)  # fmt: skip
-            if as_json:
-                print(json.dumps(_finite(found.as_dict())))
-                return
-            for one in found.searches:
-                _print_search(one)
-            Console().print(
-                "token budgets: " + ", ".join(
-                    f"{b}: {found.capacity_phones[b] or 0} phones" for b in found.budgets
-                ) + f"; best {found.best_budget}"
-            )  # fmt: skip
+            _print_searches(found.as_dict() if as_json else None, found.searches,
+                            "token budgets", found.capacity_phones, found.best_budget)  # fmt: skip
             return
         report = run_capacity_search(
             cfg, ladder, target, search_step, min_loop_efficiency, objective
@@ -351,6 +336,21 @@ def _print_search(report: CapacityReport) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("agent-sim")(agent_sim)
+
+
+def _print_searches(
+    as_json: dict[str, object] | None, searches: Sequence[CapacityReport], what: str,
+    capacity: Mapping[Any, int | None], best: object,
+) -> None:  # fmt: skip
+    """A search per setting (budgets, role splits): the JSON object when given, else each
+    search's table and one line of the capacity per setting and the best."""
+    if as_json is not None:
+        print(json.dumps(_finite(as_json)))
+        return
+    for one in searches:
+        _print_search(one)
+    each = ", ".join(f"{k}: {n or 0} phones" for k, n in capacity.items())
+    Console().print(f"{what}: {each}; best {best}")
 
 
 def _role_count(roles: str | None) -> int:
