@@ -46,6 +46,14 @@ ROUTE = Counter(
     "Per-request worker choices: sticky / new / prefix / dead / drain / load",
     ["pool", "reason"],
 )
+# How far each decode stage's KV travelled from its prefill worker (#39,
+# scheduling/links.py): PIX (one PCIe switch), NODE (one socket), SYS (across sockets, or
+# a machine whose sockets nobody named), NET (other machines, or a location not given).
+DECODE_LINKS = Counter(
+    "sy_router_decode_links_total",
+    "Decode stages dispatched, by the link their KV crosses: PIX / NODE / SYS / NET",
+    ["pool", "link"],
+)
 PARTITIONS = Gauge(
     "sy_router_partitions", "Partitions the router assigns to each worker", ["pool", "worker"]
 )

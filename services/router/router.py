@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
@@ -47,6 +48,7 @@ from switchyard.scheduling.admission import Admission
 from switchyard.scheduling.affinity import Affinity, Block, Decision, WorkerLoad, prefix_blocks
 from switchyard.scheduling.credit import Ledger, Release, backstop, read_result
 from switchyard.scheduling.fair import FairQueue, Item
+from switchyard.scheduling.links import distance, link_class
 from switchyard.scheduling.placement import Placement
 from switchyard.scheduling.policy import Policies
 from switchyard.vlmgeometry import DEFAULT_VLM, vlm_profile
@@ -74,6 +76,11 @@ def delivery_partition(owned: list[int], key: str, partitions: int) -> int:
     if home in owned:
         return home
     return owned[fnv1a_32(key.encode()) % len(owned)]
+
+
+def _distances_from(kv_at: str, located: dict[str, str]) -> Callable[[str], int]:
+    """A worker's distance (scheduling/links.py) from where a decode stage's KV is."""
+    return lambda worker: distance(kv_at, located.get(worker, ""))
 
 
 def work_msg_id(req: GenerateRequest) -> str:
@@ -420,13 +427,16 @@ class Router:
                                 ) -> bool:  # fmt: skip
         """Dispatch the decode stages waiting here, oldest first, each to a decode worker of
         its pool with credit (sticky per session). False: the bus refused a publish."""
+        located = {worker: hb.topology for worker, hb in self.fleet.workers.items()}
         for queued in list(self.decoding.values()):
             req = queued.req
             workers = decoders.get(req.pool, {})
             session = route_id(req.tenant, req.session) if req.session else None
+            # The KV is on the prefill worker: the nearest decode worker its load allows.
+            kv_at = located.get(req.handoff.worker, "") if req.handoff is not None else ""
             decision = self.decode_affinity[req.pool].choose(
                 list(workers.values()), 0, req.sampling.max_tokens, session, [], now,
-                req.kv_window_tokens,
+                req.kv_window_tokens, _distances_from(kv_at, located),
             )  # fmt: skip
             if decision is None or not workers[decision.worker].has_credit:
                 continue
@@ -435,6 +445,8 @@ class Router:
             if sent is None:
                 return False
             if sent:
+                link = link_class(kv_at, located.get(decision.worker, ""))
+                metrics.DECODE_LINKS.labels(req.pool, link).inc()
                 was = workers[decision.worker]
                 workers[decision.worker] = dataclasses.replace(
                     was, load=was.load + decision.work, credit=was.credit - 1

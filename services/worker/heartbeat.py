@@ -46,6 +46,7 @@ def snapshot(
         prefix_hit_rate=min(1.0, max(0.0, stats.prefix_hit_rate)),
         draining=draining,
         role=settings.worker_role,
+        topology=settings.worker_topology,
     )
 
 

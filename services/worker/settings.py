@@ -10,11 +10,15 @@ from pydantic import Field
 
 from switchyard.config import Settings
 from switchyard.messages.fleet import WorkerRole
+from switchyard.scheduling.links import LOCATION_PATTERN
+
+
+def _default_host() -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())[:40]
 
 
 def _default_id() -> str:
-    host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())
-    return f"{host[:40]}-{os.getpid()}"
+    return f"{_default_host()}-{os.getpid()}"
 
 
 class WorkerSettings(Settings):
@@ -23,6 +27,9 @@ class WorkerSettings(Settings):
     engine: Literal["vllm", "llamacpp", "sim"] = "llamacpp"
     # What it runs of a request (#39): `both`, or one stage of a disaggregated pool.
     worker_role: WorkerRole = "both"
+    # Where its GPU sits, `host/socket/switch` as `nvidia-smi topo -m` shows it (#39,
+    # scheduling/links.py); the default, the host name, tells machines apart only.
+    worker_topology: str = Field(default_factory=_default_host, pattern=LOCATION_PATTERN)
     # One-sequence engines (llama.cpp) run this many instances side by side.
     engine_instances: int = Field(default=1, ge=1, le=64)
     # "kv": follow the router's assignments in KV `fleet_assignments`;

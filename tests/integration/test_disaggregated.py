@@ -56,8 +56,11 @@ def handoffs() -> float:
 
 
 @contextlib.asynccontextmanager
-async def agent_pool(nats_url: str, roles: tuple[str, ...]) -> AsyncIterator[str]:
-    """Router, preprocessor and one sim worker per role for a private pool; its name."""
+async def agent_pool(
+    nats_url: str, roles: tuple[str, ...], topologies: tuple[str, ...] = ()
+) -> AsyncIterator[str]:
+    """Router, preprocessor and one sim worker per role (at `topologies`, one each, or at
+    the host's name) for a private pool; its name."""
     pool = f"pd{new_id().lower()[-10:]}"
     bus = await connect(Settings(nats_url=nats_url), "pytest-pd")
     await provision_pool(bus.js, pool)
@@ -67,9 +70,10 @@ async def agent_pool(nats_url: str, roles: tuple[str, ...]) -> AsyncIterator[str
                 router_in_process(nats_url, partitions=4, pools=[pool], rebalance_interval=0.2)
             )
             for i, role in enumerate(roles):
+                at = {"worker_topology": topologies[i]} if topologies else {}
                 await stack.enter_async_context(
                     worker_in_process(nats_url, pool=pool, engine="sim", assignment="kv",
-                                      worker_id=f"{pool}-w{i}", worker_role=role)
+                                      worker_id=f"{pool}-w{i}", worker_role=role, **at)
                 )  # fmt: skip
             await stack.enter_async_context(
                 preprocessor_in_process(nats_url, agent_pool=pool, frame_procs=0)
@@ -108,6 +112,31 @@ async def test_a_step_runs_its_prefill_and_decode_on_two_workers(nats_url: str) 
         assert r.prefill_s is not None and r.prefill_s < moved_prompt_bound(), r.prefill_s
     report = summarise(cfg, recs, played.wall_s, played.times)
     assert report.errors == {} and report.superseded == 0
+
+
+def decode_links(pool: str, link: str) -> float:
+    labels = {"pool": pool, "link": link}
+    return REGISTRY.get_sample_value("sy_router_decode_links_total", labels) or 0.0
+
+
+async def test_a_decode_stage_goes_to_the_decode_worker_nearest_its_prefill_worker(
+    nats_url: str,
+) -> None:
+    """One prefill and two idle decode workers, one of them the prefill GPU's PIX peer (the
+    same PCIe switch), the other across the sockets: every decode stage goes to the peer,
+    whichever of the two it is, and the router counts the links its KV crossed."""
+    for peer in (1, 2):
+        topologies = ["gpu-server/0/0", "gpu-server/1/2", "gpu-server/1/2"]
+        topologies[peer] = "gpu-server/0/0"
+        async with agent_pool(nats_url, ("prefill", "decode", "decode"), tuple(topologies)
+                              ) as pool:  # fmt: skip
+            cfg = replace(CFG, nats_url=nats_url, tenant=f"pd{new_id().lower()[-8:]}",
+                          phones=2, steps=3, workers=3)  # fmt: skip
+            played = await play(cfg, nats_url)
+        recs = played.records
+        assert [r.status for r in recs] == ["ok"] * 6, [(r.status, r.code) for r in recs]
+        assert {r.worker for r in recs} == {f"{pool}-w{peer}"}
+        assert (decode_links(pool, "PIX"), decode_links(pool, "SYS")) == (6, 0)
 
 
 async def test_a_colocated_worker_computes_the_prompt_itself(nats_url: str) -> None:

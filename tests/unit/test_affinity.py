@@ -389,3 +389,28 @@ def test_when_no_worker_has_room_the_one_with_the_most_takes_it() -> None:
     # A worker that reports no capacity (another engine) is taken to have room.
     unknown = [WorkerLoad("w0", 1, 0.0, kv_tokens=10_000, kv_usage=0.9), WorkerLoad("w1", 1, 50.0)]
     assert start(a, unknown, "s1", 0.0, 8_000) == "w1"
+
+
+# --- nearest first (#39: a decode stage goes to the worker nearest its KV) ------------------
+
+
+def test_the_nearest_worker_its_load_allows_wins_and_a_session_then_stays() -> None:
+    a = Affinity()
+    far_first = {"w0": 2, "w1": 0, "w2": 1}  # w1 is the prefill worker's PIX peer
+    workers = pool(0, 0, 0, slots=4)
+    d = a.choose(workers, 0, OUTPUT, "s1", [], 0.0, near=far_first.__getitem__)
+    assert d is not None and d.worker == "w1"
+    a.commit(d, [], 0.0)
+    # Its next decode keeps the worker that holds its KV, even where another is nearer.
+    nearer_now = {"w0": 0, "w1": 2, "w2": 1}
+    again = a.choose(workers, 0, OUTPUT, "s1", [], 1.0, near=nearer_now.__getitem__)
+    assert again is not None and (again.worker, again.reason) == ("w1", "sticky")
+
+
+def test_a_near_worker_over_the_load_bound_loses_to_a_farther_one() -> None:
+    a = Affinity()
+    workers = pool(8 * TOKENS, 0, 0, slots=4)  # the nearest, w0, carries 8 requests
+    for second, third in (("w1", "w2"), ("w2", "w1")):
+        near = {"w0": 0, second: 1, third: 2}
+        d = a.choose(workers, 0, TOKENS, "s1", [], 0.0, near=near.__getitem__)
+        assert d is not None and d.worker == second  # the nearest within the bound

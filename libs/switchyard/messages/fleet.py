@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from switchyard.envelope import Model, SessionId, ShortText, TenantId, Token, UnixTime
+from switchyard.scheduling.links import LOCATION_PATTERN
 
 WorkerRole = Literal["both", "prefill", "decode"]
 
@@ -33,6 +34,9 @@ class WorkerHeartbeat(Model):
     # What it runs of a request (`SY_WORKER_ROLE`, #39): `both` (all of it), or one stage
     # of a disaggregated pool: `prefill` (the prompt's KV) or `decode` (the answer).
     role: WorkerRole = "both"
+    # Where its GPU sits, `host/socket/switch` (`SY_WORKER_TOPOLOGY`; scheduling/links.py):
+    # a decode stage goes to the decode worker nearest its prefill worker. Empty: unknown.
+    topology: Annotated[str, Field(pattern=r"^$|" + LOCATION_PATTERN)] = ""
 
 
 class Assignment(Model):

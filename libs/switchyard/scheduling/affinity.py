@@ -79,7 +79,7 @@ import dataclasses
 import hashlib
 import math
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -311,11 +311,14 @@ class Affinity:
     def choose(
         self, workers: Sequence[WorkerLoad], prompt: int, output: int, session: str | None,
         blocks: Sequence[Block], now: float, window: int | None = None,
+        near: Callable[[str], int] | None = None,
     ) -> Decision | None:  # fmt: skip
         """The worker for a request of `prompt` tokens asking for up to `output`, or None
         when it must wait (nobody eligible has credit); `window`: the KV tokens its session
-        keeps cached (None: prompt + output). Pure: `commit` records a dispatched
-        decision."""
+        keeps cached (None: prompt + output); `near`: a worker's distance from where the
+        request's KV is (a decode stage's, scheduling/links.py), which picks first among
+        the workers its load allows (a sticky session keeps its worker). Pure: `commit`
+        records a dispatched decision."""
         kv = window if window is not None else prompt + output
         eligible = [w for w in workers if not w.draining]
         if not eligible:
@@ -333,7 +336,7 @@ class Affinity:
             pick = min(free, key=_least).worker
             return Decision(pick, "new", session, False, self._work(prompt, output, 0))
         decision = self._switchyard(workers, eligible, free, prompt, output, session, blocks, now,
-                                    kv)  # fmt: skip
+                                    kv, near)  # fmt: skip
         return dataclasses.replace(decision, window=kv) if decision is not None else None
 
     def _work(self, prompt: int, output: int, cached: int) -> float:
@@ -343,7 +346,7 @@ class Affinity:
     def _switchyard(
         self, workers: Sequence[WorkerLoad], eligible: list[WorkerLoad], free: list[WorkerLoad],
         prompt: int, output: int, session: str | None, blocks: Sequence[Block], now: float,
-        kv: int,
+        kv: int, near: Callable[[str], int] | None,
     ) -> Decision | None:  # fmt: skip
         home: WorkerLoad | None = None
         reason: Reason = "new" if session is not None else "prefix"
@@ -369,7 +372,8 @@ class Affinity:
         away = home.worker if home else route.worker if route else None
         if session is not None:
             free = self._with_room(free, kv, now)
-        best = self._best(free, prompt, output, blocks, now, key, session is not None, away)
+        best = self._best(free, prompt, output, blocks, now, key, session is not None, away,
+                          near)  # fmt: skip
         if best is None:
             return None
         pick, work = best
@@ -444,8 +448,10 @@ class Affinity:
     def _best(
         self, free: list[WorkerLoad], prompt: int, output: int, blocks: Sequence[Block],
         now: float, key: str, new_session: bool, away: str | None,
+        near: Callable[[str], int] | None = None,
     ) -> tuple[WorkerLoad, float] | None:  # fmt: skip
-        """The cheapest worker (see the module docstring) and the load it would take on."""
+        """The cheapest worker (see the module docstring; the nearest first, given `near`)
+        and the load it would take on."""
         candidates = [w for w in free if w.worker != away] or free
         if not candidates:
             return None
@@ -475,7 +481,10 @@ class Affinity:
             return ((load + work[w.worker] + uncached) / w.slots, self._on[w.worker] / w.slots,
                     _rendezvous(key, w.worker))  # fmt: skip
 
-        pick = min(within, key=cost)
+        def nearest_then_cost(w: WorkerLoad) -> tuple[int, tuple[float, float, int]]:
+            return (near(w.worker) if near is not None else 0, cost(w))
+
+        pick = min(within, key=nearest_then_cost)
         return pick, work[pick.worker]
 
     def _cached(self, blocks: Sequence[Block], workers: set[str], now: float) -> dict[str, int]:
