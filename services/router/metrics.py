@@ -49,8 +49,8 @@ ROUTE = Counter(
 # How far each decode stage's KV travelled from its prefill worker (#39,
 # scheduling/links.py): PIX (one PCIe switch), NODE (one socket), SYS (across sockets, or
 # a machine whose sockets nobody named), NET (other machines, or a location not given).
-DECODE_LINKS = Counter(
-    "sy_router_decode_links_total",
+DECODE_REQUESTS = Counter(
+    "sy_router_decode_requests_total",
     "Decode stages dispatched, by the link their KV crosses: PIX / NODE / SYS / NET",
     ["pool", "link"],
 )

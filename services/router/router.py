@@ -446,7 +446,7 @@ class Router:
                 return False
             if sent:
                 link = link_class(kv_at, located.get(decision.worker, ""))
-                metrics.DECODE_LINKS.labels(req.pool, link).inc()
+                metrics.DECODE_REQUESTS.labels(req.pool, link).inc()
                 was = workers[decision.worker]
                 workers[decision.worker] = dataclasses.replace(
                     was, load=was.load + decision.work, credit=was.credit - 1

@@ -114,9 +114,9 @@ async def test_a_step_runs_its_prefill_and_decode_on_two_workers(nats_url: str) 
     assert report.errors == {} and report.superseded == 0
 
 
-def decode_links(pool: str, link: str) -> float:
+def decode_requests(pool: str, link: str) -> float:
     labels = {"pool": pool, "link": link}
-    return REGISTRY.get_sample_value("sy_router_decode_links_total", labels) or 0.0
+    return REGISTRY.get_sample_value("sy_router_decode_requests_total", labels) or 0.0
 
 
 async def test_a_decode_stage_goes_to_the_decode_worker_nearest_its_prefill_worker(
@@ -136,7 +136,7 @@ async def test_a_decode_stage_goes_to_the_decode_worker_nearest_its_prefill_work
         recs = played.records
         assert [r.status for r in recs] == ["ok"] * 6, [(r.status, r.code) for r in recs]
         assert {r.worker for r in recs} == {f"{pool}-w{peer}"}
-        assert (decode_links(pool, "PIX"), decode_links(pool, "SYS")) == (6, 0)
+        assert (decode_requests(pool, "PIX"), decode_requests(pool, "SYS")) == (6, 0)
 
 
 async def test_a_colocated_worker_computes_the_prompt_itself(nats_url: str) -> None:

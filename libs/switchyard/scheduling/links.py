@@ -13,7 +13,7 @@ share, in the names of the seeds' topology ([S0] intro; `nvidia-smi topo -m`'s l
 
 A decode stage goes to the nearest decode worker among those its load allows
 (`Affinity.choose(near=...)`); the class is counted per dispatch
-(`sy_router_decode_links_total`), so a deployment sees how far its KV travels. An empty
+(`sy_router_decode_requests_total`), so a deployment sees how far its KV travels. An empty
 location (a heartbeat from before #39's topology) is as far as `NET`: it never wins a tie.
 """
 
