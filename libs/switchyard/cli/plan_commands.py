@@ -42,6 +42,14 @@ from switchyard.capacity.calibration import (
 )
 from switchyard.capacity.performance import DEFAULT_BW_EFFICIENCY, DEFAULT_MFU
 from switchyard.capacity.plan import DEFAULT_FIXED_MS
+from switchyard.capacity.roles import (
+    ANSWER_TOKENS,
+    DEFAULT_STEP_SLO_MS,
+    RolePlan,
+    best_split,
+    split_ceilings,
+)
+from switchyard.fleet.spec import role_split
 
 console = Console()
 err_console = Console(stderr=True)
@@ -139,6 +147,45 @@ def _efficiencies(
             eff.bw_efficiency if eff else DEFAULT_BW_EFFICIENCY),
         fp8,
     )  # fmt: skip
+
+
+def _splits(
+    model: str | None, gpu: str | None, precision: str, roles: str, gpus: int,
+    tokens: int | None, slo_ms: float | None, fixed_ms: float, context: int,
+) -> RolePlan:  # fmt: skip
+    """`--roles`: the ceilings of the splits asked for (`auto`: all) and the best of them."""
+    preset = _sim_preset(gpu)
+    if preset is None or model is None or model.lower() not in SIM_MODELS:
+        raise CapacityInputError(
+            f"--roles: needs --model of {', '.join(SIM_MODELS)} and --gpu of "
+            f"{', '.join(GPU_OF.values())} (the sim's calibrations)"
+        )
+    if roles != "auto":
+        try:
+            split = role_split(roles)
+        except ValueError as exc:
+            raise CapacityInputError(f"--roles: {exc}") from None
+        if len(split) != gpus:
+            raise CapacityInputError(f"--roles: {roles} names {len(split)} workers, "
+                                     f"--pool-gpus is {gpus}")  # fmt: skip
+    cal = sim_calibration(preset, model, precision)
+    slo = (slo_ms if slo_ms is not None else DEFAULT_STEP_SLO_MS) / 1000
+    ceilings = split_ceilings(cal, gpus, tokens or ANSWER_TOKENS, slo, fixed_ms / 1000,
+                              context)  # fmt: skip
+    if roles != "auto":
+        ceilings = [c for c in ceilings if c.roles in (roles, f"{gpus}b")]
+    return RolePlan(ceilings, best_split(ceilings))
+
+
+def _render_splits(splits: RolePlan) -> None:
+    t = Table("roles", "decode batch", "steps/s at 100 % busy", "prefill / decode ceiling",
+              "limit", title="agent pool by role (ceilings; sy agent-sim --search measures "
+              "what the SLO allows)")  # fmt: skip
+    for c in splits.ceilings:
+        mark = " (recommended)" if c == splits.best else ""
+        t.add_row(f"{c.roles}{mark}", str(c.batch), f"{c.steps_per_s:.1f}",
+                  f"{c.prefill_steps_per_s:.1f} / {c.decode_steps_per_s:.1f}", c.limit)  # fmt: skip
+    console.print(t)
 
 
 def _list_presets(as_json: bool) -> None:
@@ -299,6 +346,13 @@ def plan_cmd(
     fixed_ms: float = typer.Option(
         DEFAULT_FIXED_MS, "--fixed-ms", help="network + preprocessing + routing per step"
     ),
+    roles: str | None = typer.Option(
+        None,
+        "--roles",
+        help="an agent pool's role split (7p1d), or auto: every split's "
+        "ceiling and the recommended one (#39; needs a GPU and model the sim calibrates)",
+    ),
+    pool_gpus: int = typer.Option(8, "--pool-gpus", min=2, help="GPUs of the --roles pool"),
     list_presets: bool = typer.Option(False, "--list-presets"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -317,6 +371,10 @@ def plan_cmd(
         if fp8_tflops is not None and tflops is None:
             hardware["dense_tflops"] = fp8_tflops
         frames = plan_frames(model, gpu, precision)
+        splits = None
+        if roles is not None:
+            splits = _splits(model, gpu, precision, roles, pool_gpus, output_tokens,
+                             step_slo_ms, fixed_ms, context)  # fmt: skip
         request = PlanRequest(
             model=_model(model, params, layers, kv_heads, head_dim),
             **hardware,
@@ -340,14 +398,17 @@ def plan_cmd(
             err_console.print(f"error: {where}{msg}", soft_wrap=True)
         raise typer.Exit(2) from None
     if as_json:
+        extra = {"roles": splits.as_dict()} if splits is not None else {}
         print(json.dumps({**result.as_dict(), "precision": precision,
-                          "frames_per_s_per_gpu_at_full_busy": frames}))  # fmt: skip
+                          "frames_per_s_per_gpu_at_full_busy": frames, **extra}))  # fmt: skip
         return
     _render(result)
     if frames is not None:
         console.print(
             f"frames/s per GPU at 100 % busy ({precision}, the sim's calibration): {frames:.2f}"
         )
+    if splits is not None:
+        _render_splits(splits)
 
 
 def register(app: typer.Typer) -> None:
