@@ -20,23 +20,17 @@ are public files, every byte of data comes through the authenticated API.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, TypeVar
 
-import nats.errors
-import nats.js.errors
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from services.edge.errors import Unavailable
 from switchyard.bus.connection import Bus
+from switchyard.bus.kvread import KvUnreadable, latest_values
 from switchyard.bus.topology import TENANTS_BUCKET, WORKERS_BUCKET
-from switchyard.codec import decode
-from switchyard.errors import DecodeError
-from switchyard.logging import get_logger
 from switchyard.messages.fleet import TenantStatus, WorkerHeartbeat, WorkerRole
 from switchyard.messages.sql import SqlText
 
-log = get_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
 
 KV_READ_TIMEOUT = 2.0  # s: the page polls every second, a stuck read must not pile up
@@ -121,40 +115,8 @@ async def read_tenants(bus: Bus, tenant: str | None) -> list[TenantStatus]:
 
 
 async def _read_bucket(bus: Bus, bucket: str, keys: str, model: type[M]) -> list[M]:
-    """The latest value of every key matching `keys` (a subject filter, applied by the
-    server); an undecodable value is logged and skipped, a missing bucket is no rows.
-
-    The server lists the matching keys (stream info with a subject filter), then each
-    key's last message is fetched. Not `KeyValue.watch`: nats-py can hand out its
-    "no more values" marker before a value that is already on its way, which would
-    show a live fleet as empty."""
-    stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
+    """`bus.kvread.latest_values`, its failure the edge's typed 503."""
     try:
-        async with asyncio.timeout(KV_READ_TIMEOUT):
-            try:
-                info = await bus.js.stream_info(stream, subjects_filter=prefix + keys)
-            except nats.js.errors.NotFoundError:
-                log.warning("edge.console.no_bucket", bucket=bucket)
-                return []
-            found = sorted((info.state.subjects or {}).keys())
-            stored = await asyncio.gather(
-                *(bus.js.get_last_msg(stream, subject) for subject in found),
-                return_exceptions=True,
-            )
-    except (TimeoutError, nats.errors.TimeoutError):
-        # Half a list would read as "these are all the workers": say it failed instead.
-        raise Unavailable(f"fleet state ({bucket}) could not be read in time") from None
-    out: list[M] = []
-    for subject, msg in zip(found, stored, strict=True):
-        if isinstance(msg, nats.js.errors.NotFoundError):
-            continue  # expired or purged between the listing and the read
-        if isinstance(msg, BaseException):
-            raise Unavailable(f"fleet state ({bucket}) could not be read") from msg
-        if not msg.data or (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
-            continue
-        try:
-            out.append(decode(msg.data, model))
-        except DecodeError as exc:
-            log.warning("edge.console.bad_value", bucket=bucket, key=subject[len(prefix):],
-                        error=exc.reason[:200])  # fmt: skip
-    return out
+        return await latest_values(bus.js, bucket, keys, model, KV_READ_TIMEOUT)
+    except KvUnreadable as exc:
+        raise Unavailable(str(exc)) from exc.__cause__

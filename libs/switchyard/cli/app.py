@@ -16,6 +16,7 @@ from switchyard.cli import (
     plan_commands,
     simserver_commands,
     sql_commands,
+    status_commands,
     up,
 )
 
@@ -36,6 +37,7 @@ plan_commands.register(app)
 edge_commands.register(app)
 simserver_commands.register(app)
 metrics_commands.register(app)
+status_commands.register(app)
 
 
 def main() -> None:
