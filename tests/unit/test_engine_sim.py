@@ -1033,3 +1033,35 @@ async def test_a_decode_stage_moves_its_kv_over_the_link_and_computes_one_token(
         assert t2.ttft == pytest.approx(
             new * s.kv_bytes_per_token / (s.kv_link_gbs * 1e9) + engine.tpot(1) + last
         )
+
+
+async def test_a_prefill_stage_holds_its_kv_until_the_decode_worker_has_pulled_it() -> None:
+    """#39: a prefill worker's KV counts against its cache after the stage ends, for as
+    long as the link takes to move the prompt (vLLM's connectors free a producer's blocks
+    once the consumer has read them). A request that needs that room waits for it; a
+    colocated request's blocks are free (cached, evictable) the moment it ends."""
+    over = {"kv_capacity_tokens": 2048, "block_size": 16, "kv_link_gbs": 1.0,
+            "kv_bytes_per_token": 2048}  # fmt: skip
+    for producer in (True, False):
+        async with sim(**over) as engine:
+            stage = EngineRequest(
+                request_id="p1", prompt="word " * 1200,
+                sampling=Sampling(max_tokens=1, temperature=0.0), kv_producer=producer,
+            )  # fmt: skip
+            await run(engine, stage)
+            t1 = engine.timings("p1")
+            assert t1 is not None and 1024 < t1.prompt_tokens < 2048  # two never fit
+            hold = t1.prompt_tokens * 2048 / 1e9  # the prompt over a 1 GB/s link
+            held = engine.stats().kv_cache_usage
+            assert (held > 0.5) if producer else (held == 0), held
+            # Another prompt as long: it fits only once the first's blocks are free.
+            other = dataclasses.replace(stage, request_id="n1", prompt="other " * 1200,
+                                        kv_producer=False)  # fmt: skip
+            await run(engine, other)
+            t2 = engine.timings("n1")
+            assert t2 is not None and t2.prompt_tokens > 1024
+            if producer:
+                assert t2.queue >= hold * 0.99, (t2.queue, hold)
+            else:
+                assert t2.queue < hold / 10, (t2.queue, hold)
+            assert engine.stats().kv_cache_usage == 0  # both released in the end

@@ -409,6 +409,9 @@ class _Seq:
     # it joins the steps when the move is done (virtual time), its last token to compute.
     handoff: bool = False
     loaded_at: float | None = None
+    # A prefill stage (#39): its KV stays held here, past its end, while the decode
+    # worker pulls it (`SimEngine._held`).
+    kv_producer: bool = False
 
     session: str | None = None  # tenant and session, the owner of the blocks it holds
     evicted_active: int = 0  # `SimTimings.evicted_active`
@@ -459,6 +462,10 @@ class SimEngine:
         # Virtual clock, and the wall-clock anchor that maps it when delay_scale > 0.
         self._now = 0.0
         self._step: tuple[float, float] | None = None  # (start, end) of the step under way
+        # Finished prefill stages' KV, held for the decode worker to pull until (virtual)
+        # the first element: vLLM's connectors free a producer's blocks only once the
+        # consumer has read them, so the handoff's KV counts on both workers meanwhile.
+        self._held: list[tuple[float, list[bytes], int]] = []
         self._anchor = (0.0, time.monotonic())
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -640,6 +647,7 @@ class SimEngine:
             session=f"{request.tenant}\x1e{request.session}" if request.session else None,
             spec=spec,
             handoff=request.handoff is not None,
+            kv_producer=request.kv_producer,
         )
         self._arrivals += 1
         if seq.session is not None:
@@ -729,18 +737,28 @@ class SimEngine:
 
     async def _tick(self) -> None:
         """One scheduler turn: admit, then run one step, or wait for work."""
+        self._free_pulled(self._now)
         self._admit(self._now)
         decoding, chunks = self._plan()
         if decoding or chunks:
             await self._run_step(decoding, chunks)
             return
         moving = [q.loaded_at for q in self._running if self._moving(q) and q.loaded_at]
+        if self._waiting:  # a request waiting for room: held KV frees some when pulled
+            moving += [until for until, _, _ in self._held]
         if moving:  # idle but for KV on its way: the engine waits for the first to land
             await self._sleep_until(min(moving))
             self._now = max(self._now, min(moving))
         else:
             self._wake.clear()
             await self._wake.wait()
+
+    def _free_pulled(self, now: float) -> None:
+        """Release the held KV of prefill stages whose decode worker has pulled it."""
+        done = [h for h in self._held if h[0] <= now]
+        for _, pinned, private in done:
+            self._cache.release(pinned, private)
+        self._held = [h for h in self._held if h[0] > now]
 
     def _moving(self, seq: _Seq) -> bool:
         """A decode stage whose KV is still crossing the link."""
@@ -865,7 +883,14 @@ class SimEngine:
             self._waiting.remove(seq)
         else:
             self._running.remove(seq)
-            self._cache.release(seq.pinned, seq.private)
+            if seq.kv_producer and reason in ("length", "stop"):
+                # Held until the decode worker has pulled it: the whole prompt over the
+                # link at most (it moves what its own cache lacks).
+                moved = seq.prompt_len * self.settings.kv_bytes_per_token
+                until = self._now + moved / (self.settings.kv_link_gbs * 1e9)
+                self._held.append((until, seq.pinned, seq.private))
+            else:
+                self._cache.release(seq.pinned, seq.private)
         seq.state = "done"
         self._seqs.pop(seq.request_id, None)
         if seq.session is not None and self._in_engine[seq.session] > 0:
