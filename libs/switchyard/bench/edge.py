@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from switchyard import eventloop
-from switchyard.bench.engine import PROMPTS
+from switchyard.bench.engine import numbered_messages
 from switchyard.bench.stats import percentile
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
@@ -62,15 +62,11 @@ class EdgeBench:
         return asdict(self)
 
 
-def _messages(i: int) -> list[dict[str, str]]:
-    return [{"role": "user", "content": f"{PROMPTS[i % len(PROMPTS)]} (#{i})"}]
-
-
 async def _direct(bus: Bus, i: int, max_tokens: int) -> None:
     req = ChatRequest(
         tenant=TENANT,
         model="default",
-        messages=[ChatMessage.model_validate(m) for m in _messages(i)],
+        messages=[ChatMessage.model_validate(m) for m in numbered_messages(i)],
         sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
         stream=False,
         deadline=time.time() + 120,
@@ -86,7 +82,7 @@ async def _direct(bus: Bus, i: int, max_tokens: int) -> None:
 
 
 async def _edge(http: Any, i: int, max_tokens: int) -> None:
-    body = {"model": "default", "messages": _messages(i), "max_tokens": max_tokens,
+    body = {"model": "default", "messages": numbered_messages(i), "max_tokens": max_tokens,
             "temperature": 0}  # fmt: skip
     r = await http.post("/v1/chat/completions", json=body)
     if r.status_code != 200:

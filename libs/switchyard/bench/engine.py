@@ -51,6 +51,14 @@ PROMPTS = (
     "Explain how a daily login reward works.",
     "Write a short note about a server maintenance window.",
 )
+
+
+def numbered_messages(i: int) -> list[dict[str, str]]:
+    """Request `i` of the overhead runs (`sy bench edge`, `sy bench peers overhead`): the
+    prompts in turn, each numbered, so no two requests are alike."""
+    return [{"role": "user", "content": f"{PROMPTS[i % len(PROMPTS)]} (#{i})"}]
+
+
 # s between the two paths' phases of a round, by engine: an idle vLLM engine busy-polls
 # its message queue for 1 s after its last read (vllm shm_broadcast `busy_loop_s`).
 SETTLE_S = {"vllm": 1.5}

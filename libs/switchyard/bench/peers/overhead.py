@@ -25,13 +25,13 @@ from pathlib import Path
 import httpx
 
 from switchyard import eventloop
+from switchyard.bench.engine import numbered_messages
 from switchyard.bench.peers import peers, simfleet
 from switchyard.bench.peers.clients import Outcome, http_chat, nats_generate
 from switchyard.bench.peers.cpu import CpuMeter
 from switchyard.bench.peers.rounds import Send, interleave
 from switchyard.bench.peers.stats import Latency
 from switchyard.bench.peers.syfleet import POOL, TENANT, edge_headers, switchyard_fleet
-from switchyard.bench.peers.workload import overhead_messages
 from switchyard.fleet import FleetError, ProcessGroup
 from switchyard.messages.inference import ChatMessage, GenerateRequest, Sampling
 from switchyard.ports import free_port
@@ -81,7 +81,7 @@ class OverheadResult:
 
 
 def _body(i: int, max_tokens: int) -> dict[str, object]:
-    return {"model": simfleet.MODEL, "messages": overhead_messages(i), "max_tokens": max_tokens,
+    return {"model": simfleet.MODEL, "messages": numbered_messages(i), "max_tokens": max_tokens,
             "temperature": 0}  # fmt: skip
 
 
@@ -127,7 +127,7 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
             async def over_nats(i: int) -> Outcome:
                 req = GenerateRequest(
                     tenant=TENANT, workload="llm", pool=POOL,
-                    messages=[ChatMessage.model_validate(m) for m in overhead_messages(i)],
+                    messages=[ChatMessage.model_validate(m) for m in numbered_messages(i)],
                     sampling=Sampling(max_tokens=cfg.max_tokens, temperature=0.0),
                     prompt_tokens=32, deadline=time.time() + 60,
                     stream=False,  # the workload of the HTTP columns: one answer, no deltas
