@@ -81,18 +81,6 @@ from switchyard.fleet import UNMETERED, FleetSpec, Pool, env_of, launch
 from switchyard.messages.inference import GenerateResult
 from switchyard.scheduling.affinity import POLICIES, Policy
 
-__all__ = [  # the agent workload's constants, imported from here by older callers
-    "FRAME",
-    "MAX_TOKENS",
-    "POLICIES",
-    "SYSTEM_PROMPT",
-    "PolicyResult",
-    "RouteBench",
-    "RouteConfig",
-    "run_route_bench",
-]
-
-
 POOL = "route"
 REQUEST_TIMEOUT = 300.0  # s without a frame before a request counts as failed
 
