@@ -65,7 +65,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import math
 import time
 from collections import Counter
@@ -84,7 +83,7 @@ from switchyard.agentprompt import (
     fit,
     pending_text,
 )
-from switchyard.bench.layoutcost import frame_steps
+from switchyard.bench.layoutcost import frame_image, frame_steps
 from switchyard.bench.phoneframes import draw_frame
 from switchyard.bench.stats import percentile
 from switchyard.bus.connection import Bus, connect
@@ -258,11 +257,6 @@ class AgentSimConfig:
         if not self.asynchronous:
             return 0.0
         return (self.act_ms if self.lead_ms is None else self.lead_ms) / 1000 * self.scale
-
-    @property
-    def period_s(self) -> float:
-        """Modelled seconds a chunk takes to execute: what sets a phone's step cadence."""
-        return self.chunk * self.act_ms / 1000
 
 
 @dataclass
@@ -453,10 +447,7 @@ class _PrefixModel:
 
     def _image(self, phone: int, k: int) -> Image:
         # With a frame pool, step k shows pool frame k % pool: the same image, the same hash.
-        ident = k % self.pool if self.pool else k
-        digest = hashlib.blake2b(f"{phone}:{ident}".encode(), digest_size=16).hexdigest()
-        w, h = self.size
-        return Image(hash=digest, data=b"", mime="image/jpeg", width=w, height=h)
+        return frame_image(str(phone), k % self.pool if self.pool else k, self.size)
 
 
 # Drawn once per process: a capacity search runs many loads with the same phones.
@@ -794,11 +785,8 @@ def summarise(
     ok = [r for r in recs if r.status == "ok"]
     later = [r for r in ok if r.step > 0]
     first = [r for r in ok if r.step == 0]
-    errors: dict[str, int] = {}
-    for r in recs:
-        if r.status not in ("ok", "stale", "superseded"):
-            key = f"{r.status}:{r.code}"
-            errors[key] = errors.get(key, 0) + 1
+    not_ok = [r for r in recs if r.status not in ("ok", "stale", "superseded")]
+    errors = dict(Counter(f"{r.status}:{r.code}" for r in not_ok))
 
     cached = sum(r.cached_tokens for r in later)
 
