@@ -32,7 +32,6 @@ Per policy:
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
 from collections import Counter, defaultdict
@@ -58,7 +57,6 @@ from switchyard.bench.routeload import (
     run_chat,
 )
 from switchyard.fleet import ProcessGroup
-from switchyard.ports import free_port
 
 SWITCHYARD = "switchyard"
 PEER_POLICIES: tuple[tuple[str, str], ...] = (
@@ -162,18 +160,14 @@ def _row(
 async def _peer_policy(
     cfg: RoutingConfig, group: ProcessGroup, backends: list[str], peer: str, policy: str
 ) -> PolicyRow:
-    make = peers.vllm_router if peer == "vllm-router" else peers.smg
-    port = free_port()
-    cmd = make(port, free_port(), backends, policy)
+    cmd = peers.command(peer, backends, policy)
     async with httpx.AsyncClient(timeout=60) as admin:
         await simfleet.reset(admin, backends)
         before = await simfleet.scrape(admin, backends)
-        child = group.start(cmd.name.replace(" ", "-"), cmd.argv, cmd.env)
+        child = await peers.start(group, cmd)
         try:
-            url = f"http://127.0.0.1:{port}"
-            await asyncio.to_thread(group.wait_http, child, url + cmd.health_path, 90)
             limits = httpx.Limits(max_connections=cfg.clients + 8)
-            async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as http:
+            async with httpx.AsyncClient(base_url=cmd.url, limits=limits, timeout=300) as http:
 
                 async def send(request: BenchRequest) -> Outcome:
                     body = request.openai_body(simfleet.MODEL, stream=True)

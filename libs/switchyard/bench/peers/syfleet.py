@@ -80,7 +80,3 @@ def _tls_nats(directory: Path) -> Iterator[tuple[str, dict[str, Path]]]:
     extra = tls_block(server.cert, server.key, ca.cert)
     with EmbeddedNats(directory, extra_config=extra) as nats:
         yield nats.url, {"nats_ca": ca.cert, "nats_cert": client.cert, "nats_key": client.key}
-
-
-def edge_headers() -> dict[str, str]:
-    return {"Authorization": f"Bearer {KEY}"}
