@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from switchyard.bench.knee import MIN_GAIN, Knee, Point, find_knee
-from switchyard.bench.loadstats import Percentiles, RunStats, Slo
+from switchyard.bench.loadstats import RunStats
 
 
 @dataclass
@@ -120,18 +120,6 @@ def build_result(meta: SweepMeta, runs: list[RunStats]) -> SweepResult:
     knee = find_knee(points, min_gain=meta.knee_min_gain) if len(points) > 1 else None
     peak = max(runs, key=lambda r: r.goodput_rps).load if runs else None
     return SweepResult(meta, runs, knee, peak, _operating(runs, knee, peak, meta))
-
-
-def read(path: Path) -> SweepResult:
-    """A sweep back from its `sweep.json`, knee and answers recomputed (to re-render a
-    report, or to compare two sweeps)."""
-    data = json.loads(path.read_text())
-    runs = []
-    for r in data["runs"]:
-        names = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "send_lag_ms")
-        pct = {k: Percentiles(**r[k]) for k in names}
-        runs.append(RunStats(**{**r, **pct, "slo": Slo(**r["slo"])}))
-    return build_result(SweepMeta(**data["meta"]), runs)
 
 
 def _unit(result: SweepResult) -> str:
