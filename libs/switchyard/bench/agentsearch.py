@@ -47,7 +47,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar, get_args
 
 from switchyard import eventloop
@@ -59,6 +59,7 @@ from switchyard.bench.agentsim import (
     agent_fleet,
     drive,
 )
+from switchyard.bench.stats import Report
 from switchyard.fleet.spec import role_split
 
 # A GPU this busy with prefill has little left for decode steps and none for bursts.
@@ -103,7 +104,7 @@ class LoadResult:
 
 
 @dataclass
-class CapacityReport:
+class CapacityReport(Report):
     """The search's answer first (the figures at capacity), then how it got there."""
 
     capacity_phones: int | None  # the largest passing load; None if the first load failed
@@ -135,21 +136,15 @@ class CapacityReport:
     wall_s: float
     notes: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
-
 
 @dataclass
-class BudgetSearch:
+class BudgetSearch(Report):
     """One capacity search per token budget, and the best of them (`best_budget`)."""
 
     budgets: list[int]  # in the order searched
     capacity_phones: dict[int, int | None]  # budget -> phones at modelled p99 <= target
     best_budget: int | None  # None when no budget passed its first load
     searches: list[CapacityReport]  # in the order of `budgets`
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 Setting = TypeVar("Setting", int, str)
@@ -169,7 +164,7 @@ def best_setting(results: Sequence[tuple[Setting, int | None, float | None]]) ->
 
 
 @dataclass
-class RoleSearch:
+class RoleSearch(Report):
     """One capacity search per role split of the workers (#39), colocated among them."""
 
     splits: list[str]  # in the order searched; `<n>b` is colocated (every worker both)
@@ -177,9 +172,6 @@ class RoleSearch:
     roles: str | None  # the best split; None when none passed its first load
     colocated_capacity_phones: int | None  # the colocated split's, from the same run
     searches: list[CapacityReport]  # in the order of `splits`
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def role_splits(workers: int) -> list[str]:

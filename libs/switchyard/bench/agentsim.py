@@ -69,7 +69,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import cast
 
 from switchyard import eventloop, subjects
@@ -85,7 +85,7 @@ from switchyard.agentprompt import (
 )
 from switchyard.bench.layoutcost import frame_image, frame_steps
 from switchyard.bench.phoneframes import draw_frame
-from switchyard.bench.stats import percentile
+from switchyard.bench.stats import Report, percentile
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
@@ -370,7 +370,7 @@ class ModelledLatency:
 
 
 @dataclass
-class AgentSimReport:
+class AgentSimReport(Report):
     config: AgentSimConfig
     steps: int
     ok: int
@@ -416,9 +416,6 @@ class AgentSimReport:
     refused_late: int = 0
     notes: list[str] = field(default_factory=list)
     modelled: ModelledLatency | None = None
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 class _PrefixModel:

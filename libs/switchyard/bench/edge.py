@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from switchyard import eventloop
 from switchyard.bench.engine import numbered_messages
-from switchyard.bench.stats import percentile
+from switchyard.bench.stats import Report, percentile
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
@@ -43,7 +43,7 @@ KEY = "sk-bench-edge"  # a throwaway key for this run's private edge
 
 
 @dataclass
-class EdgeBench:
+class EdgeBench(Report):
     requests_per_path: int
     concurrency: int
     max_tokens: int
@@ -57,9 +57,6 @@ class EdgeBench:
     edge_mean_ms: float
     wall_s: float
     errors: int
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 async def _direct(bus: Bus, i: int, max_tokens: int) -> None:

@@ -25,11 +25,12 @@ import asyncio
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar, cast
 
 from switchyard import eventloop, subjects
+from switchyard.bench.stats import Report
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
@@ -67,7 +68,7 @@ T = TypeVar("T")
 
 
 @dataclass
-class EngineBench:
+class EngineBench(Report):
     engine: str
     concurrency: int  # requests in flight at once, on either path
     rounds: int
@@ -83,9 +84,6 @@ class EngineBench:
     fleet_overhead_ms_per_request: float  # median extra wall time per request
     fleet_hops_ms: dict[str, float] = field(default_factory=dict)  # medians, see above
     raw_request_ms: float = 0.0  # median, from generate() to the last token
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 @dataclass

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from switchyard.bench.knee import MIN_GAIN, Knee, Point, find_knee
 from switchyard.bench.loadstats import RunStats
+from switchyard.bench.stats import Report
 
 
 @dataclass
@@ -49,15 +50,12 @@ class OperatingPoint:
 
 
 @dataclass
-class SweepResult:
+class SweepResult(Report):
     meta: SweepMeta
     runs: list[RunStats]  # ascending load
     knee: Knee | None
     goodput_peak_load: float | None
     operating: OperatingPoint | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def cost_per_1k(price_per_hour: float, replicas: int, rps: float) -> float | None:
