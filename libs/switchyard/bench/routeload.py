@@ -36,7 +36,8 @@ import asyncio
 import hashlib
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -442,6 +443,23 @@ class Run:
     @property
     def errors(self) -> list[str]:
         return [s.error or "" for s in self.sent if s.outcome is None]
+
+    def prefix_hit_rate(self, after_first: bool = False) -> float:
+        """Cached / prompt tokens of the completed requests (`after_first`: of those after
+        their thread's first)."""
+        outcomes = [o for r, o in self.done if r.index > 0 or not after_first]
+        prompt = sum(o.prompt_tokens for o in outcomes)
+        return sum(o.cached_tokens for o in outcomes) / prompt if prompt else 0.0
+
+    def per_worker(self, workers: Sequence[str]) -> tuple[list[int], list[float]]:
+        """Requests each of `workers` completed, and the modelled GPU time they used there
+        (`ModelledTimings.gpu`: its share of the steps it ran in, not time spent waiting)."""
+        count = Counter(o.worker for _, o in self.done)
+        busy: defaultdict[str | None, float] = defaultdict(float)
+        for _, o in self.done:
+            if o.modelled is not None:
+                busy[o.worker] += o.modelled.gpu
+        return [count.get(w, 0) for w in workers], [busy.get(w, 0.0) for w in workers]
 
 
 async def _send(send: Send, request: BenchRequest, run: Run) -> str:

@@ -126,7 +126,7 @@ async def run_workload(cfg: RoutingConfig, send: Send) -> Run:
 
 def _row(
     run: Run, served_by: Sequence[tuple[BenchRequest, Hashable]], hit: float,
-    requests: list[float], busy: list[float], modelled: list[float],
+    requests: Sequence[float], busy: list[float], modelled: list[float],
 ) -> PolicyRow:  # fmt: skip
     """`served_by`: each completed request and the backend that served it."""
     threads: defaultdict[str, list[Hashable]] = defaultdict(list)
@@ -201,17 +201,10 @@ async def _switchyard(cfg: RoutingConfig, log_dir: Path) -> PolicyRow:
 
         run = await run_workload(cfg, send)
     done = run.done
-    prompt = sum(o.prompt_tokens for _, o in done)
-    hit = sum(o.cached_tokens for _, o in done) / prompt if prompt else 0.0
-    per_worker = Counter(o.worker for _, o in done)
-    busy_by: defaultdict[str | None, float] = defaultdict(float)
-    for _, o in done:
-        busy_by[o.worker] += o.modelled_busy_s or 0.0
-    requests = [float(per_worker.get(w, 0)) for w in fleet.workers]
-    busy = [busy_by.get(w, 0.0) for w in fleet.workers]
-    modelled = [o.modelled_total_s for _, o in done if o.modelled_total_s is not None]
+    requests, busy = run.per_worker(fleet.workers)
+    modelled = [o.modelled.total for _, o in done if o.modelled is not None]
     served_by: list[tuple[BenchRequest, Hashable]] = [(r, o.worker) for r, o in done]
-    return _row(run, served_by, hit, requests, busy, modelled)
+    return _row(run, served_by, run.prefix_hit_rate(), requests, busy, modelled)
 
 
 async def _measure(cfg: RoutingConfig, log_dir: Path) -> RoutingResult:
