@@ -868,15 +868,13 @@ def agent_fleet(cfg: AgentSimConfig) -> Iterator[str]:
         return
     sim: dict[str, str] = {}
     if cfg.engine == "sim":
-        sim = env_of(sim_delay_scale=cfg.delay_scale, sim_vlm=cfg.vlm)
-        if cfg.gpu is not None:
-            sim |= env_of(sim_gpu=cfg.gpu)
-        if cfg.precision is not None:
-            sim |= env_of(sim_precision=cfg.precision)
-        if cfg.token_budget is not None:
-            sim |= env_of(sim_max_num_batched_tokens=cfg.token_budget)
-        if cfg.scheduling_policy is not None:
-            sim |= env_of(sim_scheduling_policy=cfg.scheduling_policy)
+        chosen = {  # None: the sim's own default
+            "sim_gpu": cfg.gpu, "sim_precision": cfg.precision,
+            "sim_max_num_batched_tokens": cfg.token_budget,
+            "sim_scheduling_policy": cfg.scheduling_policy,
+        }  # fmt: skip
+        sim = env_of(sim_delay_scale=cfg.delay_scale, sim_vlm=cfg.vlm,
+                     **{k: v for k, v in chosen.items() if v is not None})  # fmt: skip
     preprocessor = env_of(
         frame_procs=1, max_pixels=cfg.max_pixels, frame_cache=cfg.frame_cache,
         agent_layout=cfg.layout, agent_window=cfg.window, agent_vlm=cfg.vlm,

@@ -228,9 +228,6 @@ class ChatConfig:
     def requests(self) -> int:
         return self.conversations * self.turns + self.one_shots
 
-    def tenant_ids(self) -> list[str]:
-        return [f"t{i}" for i in range(self.tenants)]
-
     def shares(self) -> list[float]:
         """Each tenant's share of the jobs (and so of the requests), busiest first."""
         weights = [1.0 / (i + 1) ** self.skew for i in range(self.tenants)]
@@ -400,7 +397,7 @@ def chat_jobs(cfg: ChatConfig) -> list[ChatJob]:
     if cfg.tenants < 1 or cfg.turns < 1:
         raise ValueError("the chat workload needs at least one tenant and one turn")
     shares = cfg.shares()
-    tenants = cfg.tenant_ids()
+    tenants = [f"t{i}" for i in range(cfg.tenants)]
     jobs: list[ChatJob] = []
     for kind, total, turns in (("c", cfg.conversations, cfg.turns), ("o", cfg.one_shots, 1)):
         for t, count in enumerate(_counts(total, shares)):
