@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -31,6 +31,7 @@ from switchyard.bench.peers.cpu import CpuMeter
 from switchyard.bench.peers.rounds import Send, interleave
 from switchyard.bench.peers.stats import Latency
 from switchyard.bench.peers.syfleet import KEY, POOL, TENANT, switchyard_fleet
+from switchyard.bench.stats import Report
 from switchyard.fleet import FleetError, ProcessGroup
 from switchyard.messages.inference import ChatMessage, GenerateRequest, Sampling
 
@@ -65,17 +66,10 @@ class OverheadColumn:
 
 
 @dataclass(frozen=True)
-class OverheadResult:
+class OverheadResult(Report):
     config: OverheadConfig
     columns: dict[str, OverheadColumn]
     wall_s: float
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "config": asdict(self.config),
-            "columns": {k: asdict(v) for k, v in self.columns.items()},
-            "wall_s": self.wall_s,
-        }
 
 
 def _body(i: int, max_tokens: int) -> dict[str, object]:
