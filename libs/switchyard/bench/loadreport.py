@@ -84,12 +84,10 @@ def _operating(
             if cap < knee.recommended_limit:
                 basis += f" and the goodput peak {peak:g}"
         else:
-            at, basis = (
-                runs[0],
-                (
-                    f"the lightest swept load: none was at or below the limit "
-                    f"{knee.recommended_limit:g}; sweep lower loads"
-                ),
+            at = runs[0]
+            basis = (
+                f"the lightest swept load: none was at or below the limit "
+                f"{knee.recommended_limit:g}; sweep lower loads"
             )
     else:
         met = [r for r in runs if r.slo_met]
