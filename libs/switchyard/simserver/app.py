@@ -160,10 +160,8 @@ def create_app(settings: SimSettings, model: str = "sim") -> FastAPI:
             return _error(400, str(e))
         engine = state.engine
         stream = engine.generate(req)
-        try:
-            first = await anext(
-                stream
-            )  # refusals (too long, ...) become a 400, not a broken stream
+        try:  # refusals (too long, ...) become a 400, not a broken stream
+            first = await anext(stream)
         except EngineError as e:
             await stream.aclose()
             return _error(400, str(e))
