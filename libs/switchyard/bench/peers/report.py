@@ -162,10 +162,8 @@ def write_png(
                        [r.imbalance_busy for r in rows], None))  # fmt: skip
     if not panels:
         raise ValueError("nothing to plot")
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels)))
-    for ax, (title, names, first, second) in zip(
-        fig.axes if len(panels) > 1 else [axes], panels, strict=True
-    ):
+    fig, _ = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels)))
+    for ax, (title, names, first, second) in zip(fig.axes, panels, strict=True):
         xs = range(len(names))
         width = 0.4 if second is not None else 0.7
         ax.bar(
