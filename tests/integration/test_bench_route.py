@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from switchyard.bench.route import POLICIES, RouteConfig, run_route_bench
+from switchyard.bench.route import RouteConfig, run_route_bench
 from switchyard.bench.routeload import ChatConfig
+from switchyard.scheduling.affinity import POLICIES
 
 WORKERS = 4
 

@@ -4,6 +4,7 @@ Skipped only when a peer's launcher is not installed (the `bench` extra)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import Iterator
@@ -49,11 +50,9 @@ def _served(urls: list[str]) -> list[float]:
     ]
 
 
-def _start(group: ProcessGroup, cmd: peers.PeerCommand, port: int) -> str:
-    child = group.start(cmd.name.replace(" ", "-"), cmd.argv)
-    url = f"http://127.0.0.1:{port}"
-    group.wait_http(child, url + cmd.health_path, timeout=60)
-    return url
+def _start(group: ProcessGroup, cmd: peers.PeerCommand) -> str:
+    asyncio.run(peers.start(group, cmd))
+    return cmd.url
 
 
 @pytest.mark.skipif(not _installed(peers.VLLM_ROUTER), reason="vllm-router is not installed "
@@ -61,8 +60,7 @@ def _start(group: ProcessGroup, cmd: peers.PeerCommand, port: int) -> str:
 def test_vllm_router_fronts_sim_servers_and_keeps_a_session_on_one(
     group: ProcessGroup, backends: list[str]
 ) -> None:
-    port = free_port()
-    url = _start(group, peers.vllm_router(port, free_port(), backends, "consistent_hash"), port)
+    url = _start(group, peers.command(peers.VLLM_ROUTER, backends, "consistent_hash"))
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     before = _served(backends)
     for _ in range(4):
@@ -84,8 +82,7 @@ def test_vllm_router_fronts_sim_servers_and_keeps_a_session_on_one(
 @pytest.mark.skipif(not _installed(peers.SMG), reason="smg is not installed "
                     "(pip install -e '.[bench]')")  # fmt: skip
 def test_smg_fronts_sim_servers(group: ProcessGroup, backends: list[str]) -> None:
-    port = free_port()
-    url = _start(group, peers.smg(port, free_port(), backends, "cache_aware"), port)
+    url = _start(group, peers.command(peers.SMG, backends, "cache_aware"))
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     before = _served(backends)
     out = client.chat.completions.create(

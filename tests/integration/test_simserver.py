@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from switchyard.bench.peers.stats import HITS, QUERIES, parse_metrics
-from switchyard.bench.peers.workload import ACTION_SCHEMA, AgentStep
+from switchyard.bench.routeload import ACTION_SCHEMA, AgentStep
 from switchyard.fleet import ProcessGroup
 from switchyard.ports import free_port
 from switchyard.simserver.frames import frame_marker

@@ -238,7 +238,6 @@ def test_phone_time_in_wall_seconds_follows_the_delay_scale() -> None:
     assert cfg.lead_s == pytest.approx(1.0)  # one action, 250 ms x 4
     assert replace(cfg, lead_ms=600).lead_s == pytest.approx(2.4)
     assert AgentSimConfig(chunk=3, act_ms=250).lead_s == 0.0  # sync: after the chunk
-    assert cfg.period_s == pytest.approx(0.75)
 
 
 def test_bisection_stops_within_ten_percent_of_the_passing_load() -> None:

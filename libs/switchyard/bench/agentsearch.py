@@ -46,8 +46,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal, TypeVar, get_args
 
 from switchyard import eventloop
@@ -59,6 +59,7 @@ from switchyard.bench.agentsim import (
     agent_fleet,
     drive,
 )
+from switchyard.bench.stats import Report
 from switchyard.fleet.spec import role_split
 
 # A GPU this busy with prefill has little left for decode steps and none for bursts.
@@ -103,7 +104,7 @@ class LoadResult:
 
 
 @dataclass
-class CapacityReport:
+class CapacityReport(Report):
     """The search's answer first (the figures at capacity), then how it got there."""
 
     capacity_phones: int | None  # the largest passing load; None if the first load failed
@@ -135,21 +136,15 @@ class CapacityReport:
     wall_s: float
     notes: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
-
 
 @dataclass
-class BudgetSearch:
+class BudgetSearch(Report):
     """One capacity search per token budget, and the best of them (`best_budget`)."""
 
     budgets: list[int]  # in the order searched
     capacity_phones: dict[int, int | None]  # budget -> phones at modelled p99 <= target
     best_budget: int | None  # None when no budget passed its first load
     searches: list[CapacityReport]  # in the order of `budgets`
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 Setting = TypeVar("Setting", int, str)
@@ -169,7 +164,7 @@ def best_setting(results: Sequence[tuple[Setting, int | None, float | None]]) ->
 
 
 @dataclass
-class RoleSearch:
+class RoleSearch(Report):
     """One capacity search per role split of the workers (#39), colocated among them."""
 
     splits: list[str]  # in the order searched; `<n>b` is colocated (every worker both)
@@ -177,9 +172,6 @@ class RoleSearch:
     roles: str | None  # the best split; None when none passed its first load
     colocated_capacity_phones: int | None  # the colocated split's, from the same run
     searches: list[CapacityReport]  # in the order of `splits`
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def role_splits(workers: int) -> list[str]:
@@ -297,18 +289,11 @@ def judge(
         passed, reason = False, f"modelled p99 {late} > {target_ms} ms (limit: {m.limit})"
     else:
         passed, reason = True, f"modelled p99 {m.p99_ms} ms <= {target_ms} ms"
+    # The report's figures under their own names (`modelled` among them), and these.
+    same = {f.name: getattr(report, f.name) for f in fields(LoadResult) if hasattr(report, f.name)}
     return LoadResult(
-        phones=report.config.phones, steps=report.steps, ok=report.ok, stale=report.stale,
-        errors=report.errors, invalid_actions=report.invalid_actions,
-        wall_p50_ms=report.latency_p50_ms, wall_p99_ms=report.latency_p99_ms,
-        modelled=m, passed=passed, reason=reason, superseded=report.superseded,
-        cut_answers=report.cut_answers, steps_per_s=report.steps_per_s,
-        prefill_busy=report.prefill_busy, wait_share=report.wait_share,
-        actions_per_phone_s=report.actions_per_phone_s, calibration=report.calibration,
-        phones_per_worker_max=report.phones_per_worker_max, workers_used=report.workers_used,
-        active_evictions=report.active_evictions, stall_p50_ms=report.stall_p50_ms,
-        stall_p99_ms=report.stall_p99_ms, starved_share=report.starved_share,
-        refused_late=report.refused_late, switches=report.switches,
+        **same, phones=report.config.phones, wall_p50_ms=report.latency_p50_ms,
+        wall_p99_ms=report.latency_p99_ms, passed=passed, reason=reason,
     )  # fmt: skip
 
 
@@ -383,18 +368,6 @@ def limit_of(at: LoadResult | None, fail: LoadResult | None) -> str:
     return fail.modelled.limit
 
 
-def capacity_search(
-    measure: Callable[[int], LoadResult], ladder: Sequence[int], resolution: int
-) -> list[LoadResult]:
-    results: dict[int, bool] = {}
-    out: list[LoadResult] = []
-    while (n := next_load(results, ladder, resolution)) is not None:
-        res = measure(n)
-        results[n] = res.passed
-        out.append(res)
-    return out
-
-
 def run_capacity_search(
     cfg: AgentSimConfig, ladder: Sequence[int], target_ms: float = 500.0,
     resolution: int = 5, min_loop_efficiency: float = DEFAULT_MIN_LOOP_EFFICIENCY,
@@ -422,7 +395,11 @@ def run_capacity_search(
         print(f"agent-sim search: {n} phones: {res.reason}", file=sys.stderr, flush=True)
         return res
 
-    loads = capacity_search(measure, ladder, resolution)
+    loads: list[LoadResult] = []
+    passed: dict[int, bool] = {}
+    while (n := next_load(passed, ladder, resolution)) is not None:
+        loads.append(measure(n))
+        passed[n] = loads[-1].passed
     passing = [r for r in loads if r.passed]
     at = max(passing, key=lambda r: r.phones) if passing else None
     above = [r for r in loads if not r.passed and (at is None or r.phones > at.phones)]

@@ -65,12 +65,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import math
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import cast
 
 from switchyard import eventloop, subjects
@@ -84,9 +83,9 @@ from switchyard.agentprompt import (
     fit,
     pending_text,
 )
-from switchyard.bench.layoutcost import frame_steps
+from switchyard.bench.layoutcost import frame_image, frame_steps
 from switchyard.bench.phoneframes import draw_frame
-from switchyard.bench.stats import percentile
+from switchyard.bench.stats import Report, percentile
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
@@ -259,11 +258,6 @@ class AgentSimConfig:
             return 0.0
         return (self.act_ms if self.lead_ms is None else self.lead_ms) / 1000 * self.scale
 
-    @property
-    def period_s(self) -> float:
-        """Modelled seconds a chunk takes to execute: what sets a phone's step cadence."""
-        return self.chunk * self.act_ms / 1000
-
 
 @dataclass
 class StepRecord:
@@ -376,7 +370,7 @@ class ModelledLatency:
 
 
 @dataclass
-class AgentSimReport:
+class AgentSimReport(Report):
     config: AgentSimConfig
     steps: int
     ok: int
@@ -423,9 +417,6 @@ class AgentSimReport:
     notes: list[str] = field(default_factory=list)
     modelled: ModelledLatency | None = None
 
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
-
 
 class _PrefixModel:
     """The sim tokenizer's view of a phone's prompts, to count the shared prefix.
@@ -453,10 +444,7 @@ class _PrefixModel:
 
     def _image(self, phone: int, k: int) -> Image:
         # With a frame pool, step k shows pool frame k % pool: the same image, the same hash.
-        ident = k % self.pool if self.pool else k
-        digest = hashlib.blake2b(f"{phone}:{ident}".encode(), digest_size=16).hexdigest()
-        w, h = self.size
-        return Image(hash=digest, data=b"", mime="image/jpeg", width=w, height=h)
+        return frame_image(str(phone), k % self.pool if self.pool else k, self.size)
 
 
 # Drawn once per process: a capacity search runs many loads with the same phones.
@@ -794,11 +782,8 @@ def summarise(
     ok = [r for r in recs if r.status == "ok"]
     later = [r for r in ok if r.step > 0]
     first = [r for r in ok if r.step == 0]
-    errors: dict[str, int] = {}
-    for r in recs:
-        if r.status not in ("ok", "stale", "superseded"):
-            key = f"{r.status}:{r.code}"
-            errors[key] = errors.get(key, 0) + 1
+    not_ok = [r for r in recs if r.status not in ("ok", "stale", "superseded")]
+    errors = dict(Counter(f"{r.status}:{r.code}" for r in not_ok))
 
     cached = sum(r.cached_tokens for r in later)
 
@@ -883,15 +868,13 @@ def agent_fleet(cfg: AgentSimConfig) -> Iterator[str]:
         return
     sim: dict[str, str] = {}
     if cfg.engine == "sim":
-        sim = env_of(sim_delay_scale=cfg.delay_scale, sim_vlm=cfg.vlm)
-        if cfg.gpu is not None:
-            sim |= env_of(sim_gpu=cfg.gpu)
-        if cfg.precision is not None:
-            sim |= env_of(sim_precision=cfg.precision)
-        if cfg.token_budget is not None:
-            sim |= env_of(sim_max_num_batched_tokens=cfg.token_budget)
-        if cfg.scheduling_policy is not None:
-            sim |= env_of(sim_scheduling_policy=cfg.scheduling_policy)
+        chosen = {  # None: the sim's own default
+            "sim_gpu": cfg.gpu, "sim_precision": cfg.precision,
+            "sim_max_num_batched_tokens": cfg.token_budget,
+            "sim_scheduling_policy": cfg.scheduling_policy,
+        }  # fmt: skip
+        sim = env_of(sim_delay_scale=cfg.delay_scale, sim_vlm=cfg.vlm,
+                     **{k: v for k, v in chosen.items() if v is not None})  # fmt: skip
     preprocessor = env_of(
         frame_procs=1, max_pixels=cfg.max_pixels, frame_cache=cfg.frame_cache,
         agent_layout=cfg.layout, agent_window=cfg.window, agent_vlm=cfg.vlm,

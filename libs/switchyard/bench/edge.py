@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from switchyard import eventloop
-from switchyard.bench.engine import PROMPTS
-from switchyard.bench.stats import percentile
+from switchyard.bench.engine import numbered_messages
+from switchyard.bench.stats import Report, percentile
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
@@ -43,7 +43,7 @@ KEY = "sk-bench-edge"  # a throwaway key for this run's private edge
 
 
 @dataclass
-class EdgeBench:
+class EdgeBench(Report):
     requests_per_path: int
     concurrency: int
     max_tokens: int
@@ -58,19 +58,12 @@ class EdgeBench:
     wall_s: float
     errors: int
 
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-
-def _messages(i: int) -> list[dict[str, str]]:
-    return [{"role": "user", "content": f"{PROMPTS[i % len(PROMPTS)]} (#{i})"}]
-
 
 async def _direct(bus: Bus, i: int, max_tokens: int) -> None:
     req = ChatRequest(
         tenant=TENANT,
         model="default",
-        messages=[ChatMessage.model_validate(m) for m in _messages(i)],
+        messages=[ChatMessage.model_validate(m) for m in numbered_messages(i)],
         sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
         stream=False,
         deadline=time.time() + 120,
@@ -86,7 +79,7 @@ async def _direct(bus: Bus, i: int, max_tokens: int) -> None:
 
 
 async def _edge(http: Any, i: int, max_tokens: int) -> None:
-    body = {"model": "default", "messages": _messages(i), "max_tokens": max_tokens,
+    body = {"model": "default", "messages": numbered_messages(i), "max_tokens": max_tokens,
             "temperature": 0}  # fmt: skip
     r = await http.post("/v1/chat/completions", json=body)
     if r.status_code != 200:

@@ -25,11 +25,12 @@ import asyncio
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar, cast
 
 from switchyard import eventloop, subjects
+from switchyard.bench.stats import Report
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
@@ -51,6 +52,14 @@ PROMPTS = (
     "Explain how a daily login reward works.",
     "Write a short note about a server maintenance window.",
 )
+
+
+def numbered_messages(i: int) -> list[dict[str, str]]:
+    """Request `i` of the overhead runs (`sy bench edge`, `sy bench peers overhead`): the
+    prompts in turn, each numbered, so no two requests are alike."""
+    return [{"role": "user", "content": f"{PROMPTS[i % len(PROMPTS)]} (#{i})"}]
+
+
 # s between the two paths' phases of a round, by engine: an idle vLLM engine busy-polls
 # its message queue for 1 s after its last read (vllm shm_broadcast `busy_loop_s`).
 SETTLE_S = {"vllm": 1.5}
@@ -59,7 +68,7 @@ T = TypeVar("T")
 
 
 @dataclass
-class EngineBench:
+class EngineBench(Report):
     engine: str
     concurrency: int  # requests in flight at once, on either path
     rounds: int
@@ -75,9 +84,6 @@ class EngineBench:
     fleet_overhead_ms_per_request: float  # median extra wall time per request
     fleet_hops_ms: dict[str, float] = field(default_factory=dict)  # medians, see above
     raw_request_ms: float = 0.0  # median, from generate() to the last token
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 @dataclass

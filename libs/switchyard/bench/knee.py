@@ -2,8 +2,8 @@
 
 Walking the sweep from the lightest load up, the knee is the first load whose step
 from the previous one bought less than `min_gain` (5 %) more throughput while p99
-latency grew by more than `p99_growth` (50 %): from there on, more load buys
-queueing, not work. The recommended admission limit is `safety` (0.8) times the
+latency grew by more than `P99_GROWTH` (50 %): from there on, more load buys
+queueing, not work. The recommended admission limit is `SAFETY` (0.8) times the
 knee's load, the margin the source recommends for an HPA or rate-limit threshold.
 
 No knee (every step still scaled, or p99 never jumped) is an answer too: the fleet
@@ -44,10 +44,7 @@ class Knee:
     recommended_limit: float  # safety x load
 
 
-def find_knee(
-    points: Sequence[Point], *, min_gain: float = MIN_GAIN, p99_growth: float = P99_GROWTH,
-    safety: float = SAFETY,
-) -> Knee | None:  # fmt: skip
+def find_knee(points: Sequence[Point], *, min_gain: float = MIN_GAIN) -> Knee | None:
     """The knee of `points` (ascending load), or None if the sweep never saturated."""
     loads = [p.load for p in points]
     if any(not math.isfinite(x) for p in points for x in (p.load, p.throughput)):
@@ -64,10 +61,10 @@ def find_knee(
             growth = math.inf if math.isinf(cur.p99) else (cur.p99 - prev.p99) / prev.p99
         else:
             growth = math.inf if cur.p99 > 0 else 0.0
-        if gain < min_gain and growth > p99_growth:
+        if gain < min_gain and growth > P99_GROWTH:
             return Knee(
                 index=i, load=cur.load, previous_load=prev.load,
                 throughput_gain=round(gain, 4), p99_growth=round(growth, 4),
-                recommended_limit=round(safety * cur.load, 4),
+                recommended_limit=round(SAFETY * cur.load, 4),
             )  # fmt: skip
     return None

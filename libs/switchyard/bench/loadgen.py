@@ -67,6 +67,12 @@ class Record:
     def send_lag(self) -> float | None:
         return None if self.sent is None else self.sent - self.intended
 
+    def arrived(self, at: float) -> None:
+        """A streamed chunk (for a question, a stage event) came at `at`: the first, its TTFT."""
+        if self.first is None:
+            self.first = at
+        self.token_times.append(at)
+
 
 # The fleet's error codes (ErrorInfo.code) as the classes a capacity report counts.
 _CODE_CLASS = {

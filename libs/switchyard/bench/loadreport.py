@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from switchyard.bench.knee import MIN_GAIN, Knee, Point, find_knee
-from switchyard.bench.loadstats import Percentiles, RunStats, Slo
+from switchyard.bench.loadstats import RunStats
+from switchyard.bench.stats import Report
 
 
 @dataclass
@@ -49,15 +50,12 @@ class OperatingPoint:
 
 
 @dataclass
-class SweepResult:
+class SweepResult(Report):
     meta: SweepMeta
     runs: list[RunStats]  # ascending load
     knee: Knee | None
     goodput_peak_load: float | None
     operating: OperatingPoint | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def cost_per_1k(price_per_hour: float, replicas: int, rps: float) -> float | None:
@@ -86,12 +84,10 @@ def _operating(
             if cap < knee.recommended_limit:
                 basis += f" and the goodput peak {peak:g}"
         else:
-            at, basis = (
-                runs[0],
-                (
-                    f"the lightest swept load: none was at or below the limit "
-                    f"{knee.recommended_limit:g}; sweep lower loads"
-                ),
+            at = runs[0]
+            basis = (
+                f"the lightest swept load: none was at or below the limit "
+                f"{knee.recommended_limit:g}; sweep lower loads"
             )
     else:
         met = [r for r in runs if r.slo_met]
@@ -120,18 +116,6 @@ def build_result(meta: SweepMeta, runs: list[RunStats]) -> SweepResult:
     knee = find_knee(points, min_gain=meta.knee_min_gain) if len(points) > 1 else None
     peak = max(runs, key=lambda r: r.goodput_rps).load if runs else None
     return SweepResult(meta, runs, knee, peak, _operating(runs, knee, peak, meta))
-
-
-def read(path: Path) -> SweepResult:
-    """A sweep back from its `sweep.json`, knee and answers recomputed (to re-render a
-    report, or to compare two sweeps)."""
-    data = json.loads(path.read_text())
-    runs = []
-    for r in data["runs"]:
-        names = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "send_lag_ms")
-        pct = {k: Percentiles(**r[k]) for k in names}
-        runs.append(RunStats(**{**r, **pct, "slo": Slo(**r["slo"])}))
-    return build_result(SweepMeta(**data["meta"]), runs)
 
 
 def _unit(result: SweepResult) -> str:

@@ -21,10 +21,10 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from switchyard.bench.loadgen import Record
-from switchyard.bench.stats import percentile
+from switchyard.bench.stats import Report, percentile
 
 LOST = frozenset({"client_timeout", "transport"})  # no answer from the fleet at all
 
@@ -60,7 +60,7 @@ class Percentiles:
 
 
 @dataclass
-class RunStats:
+class RunStats(Report):
     label: str
     load: float  # the x axis of a sweep: offered req/s (open loop) or users (closed)
     open_loop: bool
@@ -86,9 +86,6 @@ class RunStats:
     by_kind: dict[str, int] = field(default_factory=dict)
     error_examples: dict[str, str] = field(default_factory=dict)  # class -> one request's detail
     e2e_sample_ms: list[float] = field(default_factory=list)  # every measured ok request
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def summarise(

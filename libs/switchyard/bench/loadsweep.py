@@ -125,10 +125,9 @@ async def _sweep(cfg: SweepConfig, hooks_for: HooksFor | None) -> list[RunStats]
 
 
 def run_sweep(
-    cfg: SweepConfig, out: Path | None = None, hooks_for: HooksFor | None = None,
-    plots: bool = True,
-) -> SweepResult:  # fmt: skip
-    """Run the sweep; with `out`, write report.md, sweep.json and (with `plots`) the PNGs."""
+    cfg: SweepConfig, out: Path | None = None, hooks_for: HooksFor | None = None
+) -> SweepResult:
+    """Run the sweep; with `out`, write report.md, sweep.json and the PNGs."""
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     t0 = time.perf_counter()
     runs = eventloop.run(_sweep(cfg, hooks_for))
@@ -149,10 +148,7 @@ def run_sweep(
     )  # fmt: skip
     result = build_result(meta, runs)
     if out is not None:
-        files: dict[str, str] = {}
-        if plots:
-            from switchyard.bench.plots import write_plots
+        from switchyard.bench.plots import write_plots
 
-            files = write_plots(result, out)
-        write(result, out, files)
+        write(result, out, write_plots(result, out))
     return result

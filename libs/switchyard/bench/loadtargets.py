@@ -75,9 +75,7 @@ class NatsTarget:
                 async for frame in reader:
                     now = clock.now()
                     if frame.type == "delta":
-                        if rec.first is None:
-                            rec.first = now
-                        rec.token_times.append(now)
+                        rec.arrived(now)
                         rec.output_tokens += frame.tokens
                     elif frame.type == "end":
                         _finish_result(rec, frame.result, clock)
@@ -101,9 +99,7 @@ class NatsTarget:
                     return
                 if isinstance(item, StageProgress):
                     continue  # a keepalive: no stage, not the stream's progress
-                if rec.first is None:
-                    rec.first = now
-                rec.token_times.append(now)
+                rec.arrived(now)
         except StreamTimeout as exc:
             rec.finish, rec.outcome, rec.detail = clock.now(), "client_timeout", str(exc)[:200]
 
@@ -187,9 +183,7 @@ class EdgeTarget:
             rec.detail = str(err.get("message", ""))[:200]
             return
         if spec.kind == "sql":
-            if rec.first is None:
-                rec.first = now
-            rec.token_times.append(now)
+            rec.arrived(now)
             if event.get("type") == "answer":
                 status = str(event.get("status", "error"))
                 code = (event.get("error") or {}).get("code")
@@ -200,9 +194,7 @@ class EdgeTarget:
             rec.output_tokens = int(event["usage"].get("completion_tokens", 0))
         for choice in event.get("choices", []):
             if choice.get("delta", {}).get("content"):
-                if rec.first is None:
-                    rec.first = now
-                rec.token_times.append(now)
+                rec.arrived(now)
             if choice.get("finish_reason"):
                 rec.outcome = "ok"
 

@@ -18,6 +18,7 @@ from switchyard.bench.loadreport import SweepResult
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 
 def write_plots(result: SweepResult, out: Path) -> dict[str, str]:
@@ -36,6 +37,14 @@ def write_plots(result: SweepResult, out: Path) -> dict[str, str]:
     title = "\n".join(textwrap.wrap(
         f"{result.meta.workload} via {result.meta.target} - {result.meta.fleet}", 110))  # fmt: skip
 
+    def save(fig: Figure, ax: Axes, ylabel: str, name: str, file: str) -> None:
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, which="both")
+        fig.tight_layout()
+        fig.savefig(out / file, dpi=110)
+        plt.close(fig)
+        files[name] = file
+
     def marks(ax: Axes) -> None:
         knee = result.knee
         if knee is not None:
@@ -50,14 +59,9 @@ def write_plots(result: SweepResult, out: Path) -> dict[str, str]:
         ax.plot(loads, loads, color="grey", lw=0.8, label="offered")
     marks(ax)
     ax.set_xlabel(unit)
-    ax.set_ylabel("requests/s")
     ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "throughput.png", dpi=110)
-    plt.close(fig)
-    files["throughput and goodput vs load"] = "throughput.png"
+    save(fig, ax, "requests/s", "throughput and goodput vs load", "throughput.png")
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, values in (
@@ -70,14 +74,9 @@ def write_plots(result: SweepResult, out: Path) -> dict[str, str]:
     marks(ax)
     ax.set_yscale("log")
     ax.set_xlabel(unit)
-    ax.set_ylabel("ms (from each request's due time)")
     ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "p99.png", dpi=110)
-    plt.close(fig)
-    files["p99 vs load"] = "p99.png"
+    save(fig, ax, "ms (from each request's due time)", "p99 vs load", "p99.png")
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in runs:
@@ -86,12 +85,7 @@ def write_plots(result: SweepResult, out: Path) -> dict[str, str]:
             ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=f"{r.load:g}")
     ax.set_xscale("log")
     ax.set_xlabel("end-to-end latency, ms (log)")
-    ax.set_ylabel("fraction of ok requests")
     ax.set_title(f"latency CDF per load - {title}", fontsize=9)
-    ax.grid(alpha=0.3, which="both")
     ax.legend(title=unit, fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "cdf.png", dpi=110)
-    plt.close(fig)
-    files["latency CDF"] = "cdf.png"
+    save(fig, ax, "fraction of ok requests", "latency CDF", "cdf.png")
     return files

@@ -81,18 +81,6 @@ from switchyard.fleet import UNMETERED, FleetSpec, Pool, env_of, launch
 from switchyard.messages.inference import GenerateResult
 from switchyard.scheduling.affinity import POLICIES, Policy
 
-__all__ = [  # the agent workload's constants, imported from here by older callers
-    "FRAME",
-    "MAX_TOKENS",
-    "POLICIES",
-    "SYSTEM_PROMPT",
-    "PolicyResult",
-    "RouteBench",
-    "RouteConfig",
-    "run_route_bench",
-]
-
-
 POOL = "route"
 REQUEST_TIMEOUT = 300.0  # s without a frame before a request counts as failed
 
@@ -174,11 +162,8 @@ class RouteBench:
 def summarise(run: Run, workers: list[str], duplicates: int) -> PolicyResult:
     """The numbers of one policy's run (see the module docstring for each)."""
     done = run.done
-    modelled = [(r, o, o.modelled) for r, o in done if o.modelled is not None]
-    busy_by: defaultdict[str | None, float] = defaultdict(float)
-    for _, o, m in modelled:
-        busy_by[o.worker] += m.gpu  # its share of the steps: waiting behind others is not
-    per_worker = Counter(o.worker for _, o in done)
+    modelled = [o.modelled for _, o in done if o.modelled is not None]
+    requests, busy = run.per_worker(workers)
     threads: defaultdict[str, list[str | None]] = defaultdict(list)
     tenants: defaultdict[str, set[str | None]] = defaultdict(set)
     for r, o in done:
@@ -187,20 +172,19 @@ def summarise(run: Run, workers: list[str], duplicates: int) -> PolicyResult:
     sticky = [max(Counter(ws).values()) / len(ws) for ws in threads.values() if len(ws) > 1]
     tenant_requests = Counter(r.tenant for r, _ in done)
     busiest = max(tenant_requests, key=lambda t: (tenant_requests[t], t), default=None)
-    busy = [busy_by.get(w, 0.0) for w in workers]
-    ttft = [m.ttft for _, _, m in modelled if m.ttft is not None]
-    total = [m.total for _, _, m in modelled]
+    ttft = [m.ttft for m in modelled if m.ttft is not None]
+    total = [m.total for m in modelled]
     errors = run.errors
     return PolicyResult(
         requests=len(done), failed=len(errors), first_error=errors[0] if errors else None,
         duplicates=duplicates,
-        prefix_hit_rate=round(_hit_rate([o for _, o in done]), 4),
-        prefix_hit_rate_after_first=round(_hit_rate([o for r, o in done if r.index > 0]), 4),
+        prefix_hit_rate=round(run.prefix_hit_rate(), 4),
+        prefix_hit_rate_after_first=round(run.prefix_hit_rate(after_first=True), 4),
         ttft_p50_ms=_ms(percentile(ttft, 0.5)), ttft_p99_ms=_ms(percentile(ttft, 0.99)),
         request_p50_ms=_ms(percentile(total, 0.5)), request_p99_ms=_ms(percentile(total, 0.99)),
         load_imbalance=round(imbalance(busy), 3),
         stickiness=round(statistics.fmean(sticky), 4) if sticky else 0.0,
-        worker_requests=[per_worker.get(w, 0) for w in workers],
+        worker_requests=requests,
         worker_busy_s=[round(b, 3) for b in busy],
         tenant_workers={t: len(ws) for t, ws in sorted(tenants.items())},
         tenant_requests=dict(sorted(tenant_requests.items())),
@@ -208,13 +192,8 @@ def summarise(run: Run, workers: list[str], duplicates: int) -> PolicyResult:
         busiest_tenant_share=round(tenant_requests[busiest] / len(done), 4) if busiest else 0.0,
         busiest_tenant_workers=len(tenants[busiest]) if busiest else 0,
         wall_s=round(run.wall_s, 2),
-        calibration=sorted({m.calibration or "unlabelled" for _, _, m in modelled}),
+        calibration=sorted({m.calibration or "unlabelled" for m in modelled}),
     )  # fmt: skip
-
-
-def _hit_rate(outcomes: list[Outcome]) -> float:
-    prompt = sum(o.prompt_tokens for o in outcomes)
-    return sum(o.cached_tokens for o in outcomes) / prompt if prompt else 0.0
 
 
 def _ms(seconds: float) -> float:

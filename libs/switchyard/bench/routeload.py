@@ -36,7 +36,8 @@ import asyncio
 import hashlib
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -227,9 +228,6 @@ class ChatConfig:
     def requests(self) -> int:
         return self.conversations * self.turns + self.one_shots
 
-    def tenant_ids(self) -> list[str]:
-        return [f"t{i}" for i in range(self.tenants)]
-
     def shares(self) -> list[float]:
         """Each tenant's share of the jobs (and so of the requests), busiest first."""
         weights = [1.0 / (i + 1) ** self.skew for i in range(self.tenants)]
@@ -399,7 +397,7 @@ def chat_jobs(cfg: ChatConfig) -> list[ChatJob]:
     if cfg.tenants < 1 or cfg.turns < 1:
         raise ValueError("the chat workload needs at least one tenant and one turn")
     shares = cfg.shares()
-    tenants = cfg.tenant_ids()
+    tenants = [f"t{i}" for i in range(cfg.tenants)]
     jobs: list[ChatJob] = []
     for kind, total, turns in (("c", cfg.conversations, cfg.turns), ("o", cfg.one_shots, 1)):
         for t, count in enumerate(_counts(total, shares)):
@@ -442,6 +440,23 @@ class Run:
     @property
     def errors(self) -> list[str]:
         return [s.error or "" for s in self.sent if s.outcome is None]
+
+    def prefix_hit_rate(self, after_first: bool = False) -> float:
+        """Cached / prompt tokens of the completed requests (`after_first`: of those after
+        their thread's first)."""
+        outcomes = [o for r, o in self.done if r.index > 0 or not after_first]
+        prompt = sum(o.prompt_tokens for o in outcomes)
+        return sum(o.cached_tokens for o in outcomes) / prompt if prompt else 0.0
+
+    def per_worker(self, workers: Sequence[str]) -> tuple[list[int], list[float]]:
+        """Requests each of `workers` completed, and the modelled GPU time they used there
+        (`ModelledTimings.gpu`: its share of the steps it ran in, not time spent waiting)."""
+        count = Counter(o.worker for _, o in self.done)
+        busy: defaultdict[str | None, float] = defaultdict(float)
+        for _, o in self.done:
+            if o.modelled is not None:
+                busy[o.worker] += o.modelled.gpu
+        return [count.get(w, 0) for w in workers], [busy.get(w, 0.0) for w in workers]
 
 
 async def _send(send: Send, request: BenchRequest, run: Run) -> str:

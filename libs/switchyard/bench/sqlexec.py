@@ -17,12 +17,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from switchyard import subjects
-from switchyard.bench.stats import percentile
+from switchyard.bench.stats import Report, percentile
 from switchyard.bus import rpc
 from switchyard.bus.connection import Bus, connect
 from switchyard.bus.topology import TopologySettings
@@ -87,7 +87,7 @@ class PathResult:
 
 
 @dataclass
-class ExecBench:
+class ExecBench(Report):
     tenant: str
     pool_size: int
     concurrency: int
@@ -99,9 +99,6 @@ class ExecBench:
     p99_ratio: float  # raw p99 over aggregated p99
     answers_match: bool
     per_question_ms: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 class Client:

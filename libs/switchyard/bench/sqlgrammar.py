@@ -26,9 +26,10 @@ import itertools
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from switchyard.bench.stats import Report
 from switchyard.engines.base import EngineRequest
 from switchyard.engines.llamacpp import LlamaCppEngine, LlamaCppSettings, gbnf_literal
 from switchyard.engines.model_files import smollm2_gguf
@@ -122,13 +123,10 @@ class Decoding:
 
 
 @dataclass
-class GrammarBench:
+class GrammarBench(Report):
     rounds: int
     sizes: list[Size] = field(default_factory=list)
     decoding: list[Decoding] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def grammar_sizes(rounds: int, most: int = MAX_GRAMMAR_VIEWS) -> list[Size]:

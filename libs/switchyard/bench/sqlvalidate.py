@@ -10,17 +10,17 @@ from __future__ import annotations
 import statistics
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from switchyard.bench.stats import percentile
+from switchyard.bench.stats import Report, percentile
 from switchyard.sqlguard import corpora
 from switchyard.sqlguard.policy import Policy
 from switchyard.sqlguard.validator import validate
 
 
 @dataclass
-class ValidateBench:
+class ValidateBench(Report):
     statements: int
     rounds: int
     validations_per_s: float
@@ -33,9 +33,6 @@ class ValidateBench:
     predictions_total: int
     crashes: int
     rejections_by_rule: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def run_validate_bench(directory: Path, rounds: int = 1) -> ValidateBench:

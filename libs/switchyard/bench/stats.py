@@ -1,9 +1,14 @@
-"""Percentiles for benchmark reports: one definition, so every `sy bench` table agrees."""
+"""What every `sy bench` report shares: one percentile, so all tables agree, and the JSON form."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -15,3 +20,10 @@ def percentile(values: Sequence[float], q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+class Report:
+    """A benchmark's result (a dataclass): `as_dict()` is what its `--json` prints."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(cast("DataclassInstance", self))

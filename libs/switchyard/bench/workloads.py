@@ -152,9 +152,7 @@ class RequestSpec:
     question: str = ""
 
 
-@functools.lru_cache(maxsize=64)
-def _frame(episode: int, step: int, size: tuple[int, int]) -> bytes:
-    return draw_frame(episode, step, size)
+_frame = functools.lru_cache(maxsize=64)(draw_frame)
 
 
 def _lognormal(rng: random.Random, median: int, sigma: float, cap: int) -> int:

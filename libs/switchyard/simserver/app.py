@@ -104,20 +104,19 @@ def _usage(delta: Delta) -> CompletionUsage:
 
 
 def create_app(settings: SimSettings, model: str = "sim") -> FastAPI:
-    state = SimServerState(settings, model)
+    state = SimServerState(settings)
     registry = CollectorRegistry()
     registry.register(SimCollector(state, model))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await state.start()
+        await state.engine.start()
         try:
             yield
         finally:
-            await state.close()
+            await state.engine.close()  # the current one: a reset replaces it
 
     app = FastAPI(title="sy sim-server (a simulator of one vLLM engine)", lifespan=lifespan)
-    app.state.sim = state
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -161,10 +160,8 @@ def create_app(settings: SimSettings, model: str = "sim") -> FastAPI:
             return _error(400, str(e))
         engine = state.engine
         stream = engine.generate(req)
-        try:
-            first = await anext(
-                stream
-            )  # refusals (too long, ...) become a 400, not a broken stream
+        try:  # refusals (too long, ...) become a 400, not a broken stream
+            first = await anext(stream)
         except EngineError as e:
             await stream.aclose()
             return _error(400, str(e))

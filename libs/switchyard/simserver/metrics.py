@@ -20,43 +20,18 @@ they can never drift from what the engine did.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
-from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from switchyard.engines.sim import SimEngine
-
-
-class ServedTotals:
-    """What the HTTP layer saw finish: requests by reason, tokens, modelled busy time."""
-
-    def __init__(self) -> None:
-        self.finished: Counter[str] = Counter()
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.busy_seconds = 0.0
-
-    def record(self, reason: str, prompt: int, generated: int, busy: float) -> None:
-        self.finished[reason] += 1
-        self.prompt_tokens += prompt
-        self.generation_tokens += generated
-        self.busy_seconds += busy
-
-
-class _HasEngine(Protocol):
-    """What the collector reads: the server state (see `app.SimServerState`)."""
-
-    engine: SimEngine
-    totals: ServedTotals
+from switchyard.simserver.state import SimServerState
 
 
 class SimCollector(Collector):
     """Reads the current engine (it may be replaced by a reset) at every scrape."""
 
-    def __init__(self, server: _HasEngine, model: str) -> None:
+    def __init__(self, server: SimServerState, model: str) -> None:
         self._server = server
         self._model = model
 

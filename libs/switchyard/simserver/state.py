@@ -2,29 +2,37 @@
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict
 
 from switchyard.engines.sim import SimEngine, SimSettings, SimTimings
-from switchyard.simserver.metrics import ServedTotals
 
 # Modelled timings kept for `GET /sim/timings` (a benchmark reads them after its run).
 TIMINGS_KEPT = 200_000
 
 
+class ServedTotals:
+    """What the HTTP layer saw finish: requests by reason, tokens, modelled busy time."""
+
+    def __init__(self) -> None:
+        self.finished: Counter[str] = Counter()
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.busy_seconds = 0.0
+
+    def record(self, reason: str, prompt: int, generated: int, busy: float) -> None:
+        self.finished[reason] += 1
+        self.prompt_tokens += prompt
+        self.generation_tokens += generated
+        self.busy_seconds += busy
+
+
 class SimServerState:
-    def __init__(self, settings: SimSettings, model: str) -> None:
+    def __init__(self, settings: SimSettings) -> None:
         self.settings = settings
-        self.model = model
         self.engine = SimEngine(settings)
         self.totals = ServedTotals()
         self.finished: deque[SimTimings] = deque(maxlen=TIMINGS_KEPT)
-
-    async def start(self) -> None:
-        await self.engine.start()
-
-    async def close(self) -> None:
-        await self.engine.close()
 
     async def reset(self) -> None:
         """A cold engine (empty prefix cache, virtual clock at 0) and zeroed totals.
@@ -38,13 +46,11 @@ class SimServerState:
         self.totals = ServedTotals()
         self.finished.clear()
 
-    def record(self, request_id: str, reason: str) -> SimTimings | None:
+    def record(self, request_id: str, reason: str) -> None:
         t = self.engine.timings(request_id)
-        if t is None:
-            return None
-        self.totals.record(reason, t.prompt_tokens, t.completion_tokens, t.gpu)
-        self.finished.append(t)
-        return t
+        if t is not None:
+            self.totals.record(reason, t.prompt_tokens, t.completion_tokens, t.gpu)
+            self.finished.append(t)
 
     def timings_json(self) -> list[dict[str, object]]:
         return [asdict(t) for t in self.finished]

@@ -40,8 +40,6 @@ class Outcome:
     cached_tokens: int = 0
     completion_tokens: int = 0
     modelled: ModelledTimings | None = None  # Switchyard's sim engine, from the result
-    modelled_total_s: float | None = None  # Switchyard's sim engine, from the result
-    modelled_busy_s: float | None = None  # the engine time it used (`ModelledTimings.gpu`)
     hops: dict[str, float] | None = None  # Switchyard: seconds per hop (`hops_of`)
 
 
@@ -129,7 +127,6 @@ async def nats_generate(bus: Bus, req: GenerateRequest, timeout: float = 120.0) 
                     raise RequestFailed(
                         f"request {req.id} ended {getattr(result, 'status', '')}: {why}"
                     )
-                modelled = result.timings.modelled
                 ended = time.time()
                 return Outcome(
                     total_s=time.perf_counter() - started,
@@ -139,9 +136,7 @@ async def nats_generate(bus: Bus, req: GenerateRequest, timeout: float = 120.0) 
                     prompt_tokens=result.usage.prompt_tokens,
                     cached_tokens=result.usage.cached_tokens,
                     completion_tokens=result.usage.completion_tokens,
-                    modelled=modelled,
-                    modelled_total_s=modelled.total if modelled is not None else None,
-                    modelled_busy_s=modelled.gpu if modelled is not None else None,
+                    modelled=result.timings.modelled,
                     hops=hops_of(result.route, ended),
                 )
     raise RequestFailed(f"request {req.id}: the stream ended without an end frame")

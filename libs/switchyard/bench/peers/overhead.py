@@ -16,25 +16,24 @@ client, shared by all columns). Columns run interleaved in blocks (`rounds`).
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from switchyard import eventloop
+from switchyard.bench.engine import numbered_messages
 from switchyard.bench.peers import peers, simfleet
 from switchyard.bench.peers.clients import Outcome, http_chat, nats_generate
 from switchyard.bench.peers.cpu import CpuMeter
 from switchyard.bench.peers.rounds import Send, interleave
 from switchyard.bench.peers.stats import Latency
-from switchyard.bench.peers.syfleet import POOL, TENANT, edge_headers, switchyard_fleet
-from switchyard.bench.peers.workload import overhead_messages
+from switchyard.bench.peers.syfleet import KEY, POOL, TENANT, switchyard_fleet
+from switchyard.bench.stats import Report
 from switchyard.fleet import FleetError, ProcessGroup
 from switchyard.messages.inference import ChatMessage, GenerateRequest, Sampling
-from switchyard.ports import free_port
 
 DIRECT, VLLM, SMG, SY_EDGE, SY_NATS = (
     "direct sim-server", "vllm-router", "smg", "switchyard edge", "switchyard nats",
@@ -67,21 +66,14 @@ class OverheadColumn:
 
 
 @dataclass(frozen=True)
-class OverheadResult:
+class OverheadResult(Report):
     config: OverheadConfig
     columns: dict[str, OverheadColumn]
     wall_s: float
 
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "config": asdict(self.config),
-            "columns": {k: asdict(v) for k, v in self.columns.items()},
-            "wall_s": self.wall_s,
-        }
-
 
 def _body(i: int, max_tokens: int) -> dict[str, object]:
-    return {"model": simfleet.MODEL, "messages": overhead_messages(i), "max_tokens": max_tokens,
+    return {"model": simfleet.MODEL, "messages": numbered_messages(i), "max_tokens": max_tokens,
             "temperature": 0}  # fmt: skip
 
 
@@ -90,13 +82,10 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
     with ProcessGroup(log_dir / "overhead") as group:
         (backend,) = simfleet.start_sim_servers(group, 1, delay_scale=0.0)
         routers: dict[str, str] = {}
-        for column, make in ((VLLM, peers.vllm_router), (SMG, peers.smg)):
-            port = free_port()
-            cmd = make(port, free_port(), [backend], "cache_aware")
-            child = group.start(cmd.name.replace(" ", "-"), cmd.argv, cmd.env)
-            url = f"http://127.0.0.1:{port}"
-            await asyncio.to_thread(group.wait_http, child, url + cmd.health_path, 90)
-            routers[column] = url
+        for column, peer in ((VLLM, peers.VLLM_ROUTER), (SMG, peers.SMG)):
+            cmd = peers.command(peer, [backend], "cache_aware")
+            await peers.start(group, cmd)
+            routers[column] = cmd.url
         async with switchyard_fleet(
             log_dir / "overhead", workers=1, delay_scale=0.0, edge=True, tls=cfg.tls
         ) as fleet:
@@ -111,7 +100,7 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
                 **{c: httpx.AsyncClient(base_url=u, limits=limits, timeout=60)
                    for c, u in routers.items()},
                 SY_EDGE: httpx.AsyncClient(base_url=fleet.edge_url, limits=limits, timeout=60,
-                                           headers=edge_headers()),
+                                           headers={"Authorization": f"Bearer {KEY}"}),
             }  # fmt: skip
 
             def over_http(column: str) -> Send:
@@ -127,7 +116,7 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
             async def over_nats(i: int) -> Outcome:
                 req = GenerateRequest(
                     tenant=TENANT, workload="llm", pool=POOL,
-                    messages=[ChatMessage.model_validate(m) for m in overhead_messages(i)],
+                    messages=[ChatMessage.model_validate(m) for m in numbered_messages(i)],
                     sampling=Sampling(max_tokens=cfg.max_tokens, temperature=0.0),
                     prompt_tokens=32, deadline=time.time() + 60,
                     stream=False,  # the workload of the HTTP columns: one answer, no deltas

@@ -16,6 +16,7 @@ move off the default 29000 so two never collide.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import shutil
 import sys
@@ -23,7 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from switchyard.fleet import FleetError
+from switchyard.fleet import FleetError, ProcessGroup
+from switchyard.fleet.processes import Child
+from switchyard.ports import free_port
 
 VLLM_ROUTER = "vllm-router"
 SMG = "smg"
@@ -33,7 +36,8 @@ SMG = "smg"
 class PeerCommand:
     name: str  # column label
     argv: list[str]
-    health_path: str  # answers 200 once the peer routes
+    url: str  # where it takes requests
+    health_path: str = "/health"  # answers 200 once the peer routes
     # Their Rust logging would otherwise log every request at INFO whatever their
     # --log-level, which costs them time in a benchmark.
     env: dict[str, str] = field(default_factory=lambda: {"RUST_LOG": "warn"})
@@ -64,27 +68,25 @@ def versions() -> dict[str, str]:
     return {"vllm-router": version("vllm-router"), "smg": version("smg")}
 
 
-def vllm_router(port: int, metrics_port: int, workers: Sequence[str], policy: str) -> PeerCommand:
+def command(peer: str, workers: Sequence[str], policy: str) -> PeerCommand:
+    """`vllm-router` (`VLLM_ROUTER`), else `smg launch`, over `workers` by `policy`, on a free
+    port and with its metrics on another."""
+    port = free_port()
+    launcher = [binary(VLLM_ROUTER)] if peer == VLLM_ROUTER else [binary(SMG), "launch"]
     return PeerCommand(
-        name=f"vllm-router {policy}",
+        name=f"{peer} {policy}", url=f"http://127.0.0.1:{port}",
         argv=[
-            binary(VLLM_ROUTER), "--host", "127.0.0.1", "--port", str(port),
+            *launcher, "--host", "127.0.0.1", "--port", str(port),
             "--worker-urls", *workers, "--policy", policy,
-            "--prometheus-port", str(metrics_port), "--log-level", "warning",
+            "--prometheus-port", str(free_port()),
+            "--log-level", "warning" if peer == VLLM_ROUTER else "warn",
             "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "60",
         ],
-        health_path="/health",
     )  # fmt: skip
 
 
-def smg(port: int, metrics_port: int, workers: Sequence[str], policy: str) -> PeerCommand:
-    return PeerCommand(
-        name=f"smg {policy}",
-        argv=[
-            binary(SMG), "launch", "--host", "127.0.0.1", "--port", str(port),
-            "--worker-urls", *workers, "--policy", policy,
-            "--prometheus-port", str(metrics_port), "--log-level", "warn",
-            "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "60",
-        ],
-        health_path="/health",
-    )  # fmt: skip
+async def start(group: ProcessGroup, cmd: PeerCommand) -> Child:
+    """Start the peer in `group`; its process, once it answers on its health path."""
+    child = group.start(cmd.name.replace(" ", "-"), cmd.argv, cmd.env)
+    await asyncio.to_thread(group.wait_http, child, cmd.url + cmd.health_path, 90)
+    return child

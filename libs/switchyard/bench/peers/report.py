@@ -11,6 +11,7 @@ from rich.table import Table
 
 from switchyard.bench.peers.overhead import DIRECT, OverheadColumn, OverheadResult
 from switchyard.bench.peers.routing import PolicyRow, RoutingResult
+from switchyard.bench.peers.stats import Latency
 
 
 def overhead_table(result: OverheadResult, versions: dict[str, str]) -> Table:
@@ -140,17 +141,14 @@ def write_png(
     import matplotlib.pyplot as plt
 
     panels: list[tuple[str, list[str], list[float], list[float] | None]] = []
+
+    def p50_p99(title: str, names: list[str], latencies: list[Latency]) -> None:
+        panels.append((title, names, [x.p50_ms for x in latencies], [x.p99_ms for x in latencies]))
+
     if overhead is not None:
         names = list(overhead.columns)
         cols: list[OverheadColumn] = list(overhead.columns.values())
-        panels.append(
-            (
-                "overhead: latency ms (p50, p99)",
-                names,
-                [c.latency.p50_ms for c in cols],
-                [c.latency.p99_ms for c in cols],
-            )
-        )
+        p50_p99("overhead: latency ms (p50, p99)", names, [c.latency for c in cols])
         panels.append(("overhead: requests/s", names, [c.rps for c in cols], None))
     if routing is not None:
         names = list(routing.rows)
@@ -158,30 +156,14 @@ def write_png(
         panels.append(
             ("routing: prefix hit rate %", names, [100 * r.prefix_hit_rate for r in rows], None)
         )
-        panels.append(
-            (
-                "routing: modelled request ms (p50, p99)",
-                names,
-                [r.modelled_e2e.p50_ms for r in rows],
-                [r.modelled_e2e.p99_ms for r in rows],
-            )
-        )
-        panels.append(
-            (
-                "routing: TTFT ms wall (p50, p99)",
-                names,
-                [r.ttft.p50_ms for r in rows],
-                [r.ttft.p99_ms for r in rows],
-            )
-        )
+        p50_p99("routing: modelled request ms (p50, p99)", names, [r.modelled_e2e for r in rows])
+        p50_p99("routing: TTFT ms wall (p50, p99)", names, [r.ttft for r in rows])
         panels.append(("routing: imbalance (busy, max/mean)", names,
                        [r.imbalance_busy for r in rows], None))  # fmt: skip
     if not panels:
         raise ValueError("nothing to plot")
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels)))
-    for ax, (title, names, first, second) in zip(
-        fig.axes if len(panels) > 1 else [axes], panels, strict=True
-    ):
+    fig, _ = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels)))
+    for ax, (title, names, first, second) in zip(fig.axes, panels, strict=True):
         xs = range(len(names))
         width = 0.4 if second is not None else 0.7
         ax.bar(

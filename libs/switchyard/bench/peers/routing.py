@@ -32,7 +32,6 @@ Per policy:
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
 from collections import Counter, defaultdict
@@ -58,7 +57,6 @@ from switchyard.bench.routeload import (
     run_chat,
 )
 from switchyard.fleet import ProcessGroup
-from switchyard.ports import free_port
 
 SWITCHYARD = "switchyard"
 PEER_POLICIES: tuple[tuple[str, str], ...] = (
@@ -128,7 +126,7 @@ async def run_workload(cfg: RoutingConfig, send: Send) -> Run:
 
 def _row(
     run: Run, served_by: Sequence[tuple[BenchRequest, Hashable]], hit: float,
-    requests: list[float], busy: list[float], modelled: list[float],
+    requests: Sequence[float], busy: list[float], modelled: list[float],
 ) -> PolicyRow:  # fmt: skip
     """`served_by`: each completed request and the backend that served it."""
     threads: defaultdict[str, list[Hashable]] = defaultdict(list)
@@ -162,18 +160,14 @@ def _row(
 async def _peer_policy(
     cfg: RoutingConfig, group: ProcessGroup, backends: list[str], peer: str, policy: str
 ) -> PolicyRow:
-    make = peers.vllm_router if peer == "vllm-router" else peers.smg
-    port = free_port()
-    cmd = make(port, free_port(), backends, policy)
+    cmd = peers.command(peer, backends, policy)
     async with httpx.AsyncClient(timeout=60) as admin:
         await simfleet.reset(admin, backends)
         before = await simfleet.scrape(admin, backends)
-        child = group.start(cmd.name.replace(" ", "-"), cmd.argv, cmd.env)
+        child = await peers.start(group, cmd)
         try:
-            url = f"http://127.0.0.1:{port}"
-            await asyncio.to_thread(group.wait_http, child, url + cmd.health_path, 90)
             limits = httpx.Limits(max_connections=cfg.clients + 8)
-            async with httpx.AsyncClient(base_url=url, limits=limits, timeout=300) as http:
+            async with httpx.AsyncClient(base_url=cmd.url, limits=limits, timeout=300) as http:
 
                 async def send(request: BenchRequest) -> Outcome:
                     body = request.openai_body(simfleet.MODEL, stream=True)
@@ -207,17 +201,10 @@ async def _switchyard(cfg: RoutingConfig, log_dir: Path) -> PolicyRow:
 
         run = await run_workload(cfg, send)
     done = run.done
-    prompt = sum(o.prompt_tokens for _, o in done)
-    hit = sum(o.cached_tokens for _, o in done) / prompt if prompt else 0.0
-    per_worker = Counter(o.worker for _, o in done)
-    busy_by: defaultdict[str | None, float] = defaultdict(float)
-    for _, o in done:
-        busy_by[o.worker] += o.modelled_busy_s or 0.0
-    requests = [float(per_worker.get(w, 0)) for w in fleet.workers]
-    busy = [busy_by.get(w, 0.0) for w in fleet.workers]
-    modelled = [o.modelled_total_s for _, o in done if o.modelled_total_s is not None]
+    requests, busy = run.per_worker(fleet.workers)
+    modelled = [o.modelled.total for _, o in done if o.modelled is not None]
     served_by: list[tuple[BenchRequest, Hashable]] = [(r, o.worker) for r, o in done]
-    return _row(run, served_by, hit, requests, busy, modelled)
+    return _row(run, served_by, run.prefix_hit_rate(), requests, busy, modelled)
 
 
 async def _measure(cfg: RoutingConfig, log_dir: Path) -> RoutingResult:

@@ -15,10 +15,7 @@ from switchyard.ports import free_port
 MODEL = "sim"
 
 
-def start_sim_servers(
-    group: ProcessGroup, n: int, *, delay_scale: float, kv_blocks: int | None = None,
-    max_num_seqs: int | None = None, prefix: str = "sim",
-) -> list[str]:  # fmt: skip
+def start_sim_servers(group: ProcessGroup, n: int, *, delay_scale: float) -> list[str]:
     """Start `n` sim servers (same settings, same seed); their base URLs, once all answer."""
     started = []
     for i in range(n):
@@ -27,11 +24,7 @@ def start_sim_servers(
             sys.executable, "-m", "switchyard.cli.app", "sim-server", "--port", str(port),
             "--delay-scale", str(delay_scale), "--model", MODEL,
         ]  # fmt: skip
-        if kv_blocks is not None:
-            argv += ["--kv-blocks", str(kv_blocks)]
-        if max_num_seqs is not None:
-            argv += ["--max-num-seqs", str(max_num_seqs)]
-        started.append((group.start(f"{prefix}-{i}", argv), f"http://127.0.0.1:{port}"))
+        started.append((group.start(f"sim-{i}", argv), f"http://127.0.0.1:{port}"))
     for child, url in started:
         group.wait_http(child, f"{url}/health", timeout=90)
     return [url for _, url in started]

@@ -15,35 +15,26 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from switchyard.bench.stats import percentile
 
 Sample = dict[str, float]  # metric name (as exposed, e.g. `..._total`) -> value summed
 
 
 class MetricsParseError(ValueError):
-    """A line of Prometheus text that is not a sample."""
+    """Text that is not Prometheus exposition (a line that is not a sample)."""
 
 
 def parse_metrics(text: str) -> Sample:
-    """Sum each metric over its label sets (`# HELP`/`# TYPE` lines skipped)."""
+    """Sum each sample over its label sets (`prometheus_client`'s parser of the text format)."""
     out: Sample = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, rest = line.rpartition("}") if "}" in line else ("", "", line)
-        if name_part:
-            name = name_part.split("{", 1)[0]
-            fields = rest.split()
-        else:
-            name, *fields = line.split()
-        if not fields:
-            raise MetricsParseError(f"line {n}: no value in {line!r}")
-        try:
-            value = float(fields[0])
-        except ValueError as e:
-            raise MetricsParseError(f"line {n}: bad value in {line!r}") from e
-        out[name] = out.get(name, 0.0) + value
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    except ValueError as e:
+        raise MetricsParseError(f"not Prometheus text: {e}") from e
     return out
 
 

@@ -39,18 +39,12 @@ class SwitchyardFleet:
 @contextlib.asynccontextmanager
 async def switchyard_fleet(
     log_dir: Path, *, workers: int, delay_scale: float, edge: bool,
-    kv_blocks: int | None = None, max_num_seqs: int | None = None,
     routing_policy: str = "switchyard", tls: bool = False,
 ) -> AsyncIterator[SwitchyardFleet]:  # fmt: skip
     """The fleet, ready (every partition bound; the edge answering), its logs in `log_dir`;
     its router placing requests by `routing_policy` (`SY_ROUTING_POLICY`); NATS over TLS
     with `tls`."""
-    sim = env_of(sim_delay_scale=delay_scale)
-    if kv_blocks is not None:
-        sim |= env_of(sim_kv_capacity_tokens=kv_blocks * 16)
-    if max_num_seqs is not None:
-        sim |= env_of(sim_max_num_seqs=max_num_seqs)
-    pool = Pool(POOL, workers, sim)
+    pool = Pool(POOL, workers, env_of(sim_delay_scale=delay_scale))
     with contextlib.ExitStack() as stack:
         nats_url: str | None = None  # launch's own embedded server, in the clear
         identity: dict[str, Path] = {}
@@ -80,7 +74,3 @@ def _tls_nats(directory: Path) -> Iterator[tuple[str, dict[str, Path]]]:
     extra = tls_block(server.cert, server.key, ca.cert)
     with EmbeddedNats(directory, extra_config=extra) as nats:
         yield nats.url, {"nats_ca": ca.cert, "nats_cert": client.cert, "nats_key": client.key}
-
-
-def edge_headers() -> dict[str, str]:
-    return {"Authorization": f"Bearer {KEY}"}
