@@ -93,7 +93,6 @@ from switchyard.sqlguard.validator import DIALECT
 
 # Columns that link two views: a join may match on them, and only on them.
 DEFAULT_JOIN_KEYS = ("player_id", "server_id", "order_id", "day", "region_id", "tier_id")
-MAX_LIMIT = 1000
 # Views one statement may read (two JOINs). A fourth would multiply the scopes again.
 MAX_JOIN_VIEWS = 3
 # How many views a grammar covers (choose_views): by default, and at most. Measured

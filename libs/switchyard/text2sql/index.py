@@ -309,22 +309,6 @@ class KnowledgeIndex:
                 self._queries.popitem(last=False)
         return vector
 
-    def forget(self, tenant: str, kinds: Sequence[ItemKind] | None = None) -> None:
-        """Delete the tenant's items (of `kinds`, or all of them)."""
-        _check_tenant(tenant)
-        if kinds is not None:
-            _check_kinds(kinds)
-        selected: list[str] = list(ITEM_KINDS if kinds is None else kinds)
-        # Forgetting any synced kind drops the version marker, so the next sync restores it.
-        if kinds is None or set(selected) & set(SYNCED_KINDS):
-            selected.append(_MARKER_KIND)
-        if not selected:
-            return
-        with self._lock:
-            self._client.delete(
-                self._collection, models.FilterSelector(filter=_tenant_filter(tenant, selected))
-            )
-
     def close(self) -> None:
         with self._lock:
             self._client.close()

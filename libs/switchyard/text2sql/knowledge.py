@@ -364,16 +364,6 @@ class KnowledgeStore:
         self._cache: dict[str, tuple[_Signature, TenantKnowledge]] = {}
         self._lock = threading.Lock()
 
-    def tenants(self) -> list[str]:
-        base = self.root / "tenants"
-        if not base.is_dir():
-            return []
-        return sorted(
-            p.name
-            for p in base.iterdir()
-            if TENANT_RE.match(p.name) and (p / "knowledge.yaml").is_file()
-        )
-
     def load(self, tenant: str) -> TenantKnowledge:
         tdir = self._tenant_dir(tenant)
         tenant_file = tdir / "knowledge.yaml"
