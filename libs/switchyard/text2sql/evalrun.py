@@ -152,20 +152,15 @@ async def probe_semantic_cache(
 
 
 @dataclass
-class VerifiedProbe:
+class VerifiedProbe(CacheProbe):
     """How the verified-query match does on an evaluation set, without a model.
 
     An item is `reachable` when one of the tenant's verified queries returns its
     gold rows (a rewording, or a twin in another language, of a verified question);
     a hit is right when the reused SQL returns the item's gold rows."""
 
-    threshold: float
-    asked: int = 0
     reachable: int = 0
-    hits: int = 0
-    false_hits: int = 0
     missed: list[tuple[str, str, float]] = field(default_factory=list)  # reachable, not hit
-    examples: list[tuple[str, str, float, bool]] = field(default_factory=list)
 
     @property
     def recall(self) -> float:
