@@ -12,13 +12,11 @@ import re
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from switchyard.cli import console, err
 from switchyard.cli.sql_commands import Dsn, admin_connection, admin_settings
 
-console = Console()
-err = Console(stderr=True)
 audit = typer.Typer(help="The audit trail: verify its hash chain, query events.")
 
 Db = Annotated[str | None, typer.Option("--db", help="audit database (SY_SQL_AUDIT_DB)")]

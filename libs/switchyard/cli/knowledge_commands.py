@@ -13,16 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
-from rich.console import Console
 
+from switchyard.cli import console, err
 from switchyard.errors import SwitchyardError
 from switchyard.text2sql.knowledge import KnowledgeStore, VerifiedQuery
 
 if TYPE_CHECKING:
     from switchyard.text2sql.index import KnowledgeIndex
 
-console = Console()
-err = Console(stderr=True)
 knowledge = typer.Typer(help="Tenant knowledge for Text2SQL: views, metrics, verified queries.")
 
 Tenant = Annotated[str, typer.Option("--tenant", help="tenant id")]

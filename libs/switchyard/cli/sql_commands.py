@@ -9,16 +9,14 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
+from switchyard.cli import console, err
 from switchyard.sqlguard import rules
 from switchyard.sqlguard.policy import Policy, load_policy
 from switchyard.sqlguard.validator import validate
 from switchyard.sqlguard.verdict import Verdict
 
-console = Console()
-err = Console(stderr=True)
 sql = typer.Typer(help="Text2SQL safety: demo databases, tenant walls, the SQL guard.")
 
 Dsn = Annotated[

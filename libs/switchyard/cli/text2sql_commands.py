@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from switchyard.cli import console, err
 from switchyard.cli.bus_commands import NatsUrl, cli_connect
 from switchyard.cli.knowledge_commands import KnowledgeDir, knowledge_root
 from switchyard.config import Settings
@@ -28,9 +28,6 @@ from switchyard.messages.sql import (
     StageProgress,
 )
 from switchyard.text2sql.matching import SEMANTIC_THRESHOLD, VERIFIED_THRESHOLD
-
-console = Console()
-err = Console(stderr=True)
 
 Tenant = Annotated[str, typer.Option("--tenant", "-t", help="the tenant asking")]
 PolicyDir = Annotated[
