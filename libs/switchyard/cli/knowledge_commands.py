@@ -7,6 +7,7 @@ other command.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 from pathlib import Path
@@ -82,10 +83,8 @@ def index(
         ix = _index(index_path, url)
     except SwitchyardError as exc:
         raise _fail(exc) from exc
-    try:
+    with contextlib.closing(ix):
         written = ix.sync(k)
-    finally:
-        ix.close()
     console.print(f"{tenant}: version {k.version}, {written} items written")
 
 
@@ -137,15 +136,10 @@ def search(
     if unknown := set(wanted) - ITEM_KINDS:
         raise typer.BadParameter(f"unknown kinds {sorted(unknown)}; use {sorted(ITEM_KINDS)}")
     try:
-        ix = _index(index_path, url)
+        with contextlib.closing(_index(index_path, url)) as ix:
+            hits = ix.search(tenant, query, kinds=wanted, limit=limit)
     except SwitchyardError as exc:
         raise _fail(exc) from exc
-    try:
-        hits = ix.search(tenant, query, kinds=wanted, limit=limit)
-    except SwitchyardError as exc:
-        raise _fail(exc) from exc
-    finally:
-        ix.close()
     if not hits:
         console.print("no hits (is the tenant indexed? `sy sql knowledge index`)")
     for hit in hits:
