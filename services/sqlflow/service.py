@@ -31,10 +31,9 @@ from switchyard.logging import bind_request, get_logger
 from switchyard.messages.inference import Cancel
 from switchyard.messages.sql import SqlAnswer, SqlAsk, StageEvent, StageName
 from switchyard.sqlguard.policy import PolicyStore
-from switchyard.text2sql.embedding import shared_embedder
 from switchyard.text2sql.fleet import FleetModel
 from switchyard.text2sql.guard import GuardClient
-from switchyard.text2sql.index import KnowledgeIndex
+from switchyard.text2sql.index import KnowledgeIndex, open_index
 from switchyard.text2sql.knowledge import KnowledgeStore
 from switchyard.text2sql.pipeline import Pipeline, Underway, error_answer
 
@@ -61,13 +60,6 @@ def build_pipeline(bus: Bus, settings: SqlflowSettings, index: KnowledgeIndex) -
     )
 
 
-def open_index(settings: SqlflowSettings) -> KnowledgeIndex:
-    if settings.qdrant_url:
-        return KnowledgeIndex(shared_embedder(), url=settings.qdrant_url)
-    settings.knowledge_index.mkdir(parents=True, exist_ok=True)
-    return KnowledgeIndex(shared_embedder(), path=settings.knowledge_index)
-
-
 async def deliver(bus: Bus, answer: SqlAnswer, reply: str | None) -> bool:
     """RES first (deduplicated), then the inbox (`answers.answer`), counted once; False
     when already answered."""
@@ -82,8 +74,9 @@ async def run_sqlflow(
     bus: Bus, stop: asyncio.Event, settings: SqlflowSettings, index: KnowledgeIndex | None = None
 ) -> None:
     own_index = index is None
-    knowledge_index = await asyncio.to_thread(open_index, settings) if index is None else index
-    pipeline = build_pipeline(bus, settings, knowledge_index)
+    if index is None:
+        index = await asyncio.to_thread(open_index, settings.knowledge_index, settings.qdrant_url)
+    pipeline = build_pipeline(bus, settings, index)
     running: dict[str, asyncio.Task[SqlAnswer]] = {}
 
     async def on_cancel(msg: Msg) -> None:
@@ -167,4 +160,4 @@ async def run_sqlflow(
         await cancels.unsubscribe()
     finally:
         if own_index:
-            knowledge_index.close()
+            index.close()

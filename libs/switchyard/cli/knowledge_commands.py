@@ -44,13 +44,10 @@ def knowledge_root(given: Path | None) -> Path:
 
 
 def _index(index_path: Path | None, url: str | None) -> KnowledgeIndex:
-    from switchyard.text2sql.embedding import shared_embedder
-    from switchyard.text2sql.index import KnowledgeIndex
+    from switchyard.text2sql.index import open_index
 
-    if url:
-        return KnowledgeIndex(shared_embedder(), url=url)
     path = index_path or Path(os.environ.get("SY_KNOWLEDGE_INDEX", ".sy/knowledge-index"))
-    return KnowledgeIndex(shared_embedder(), path=path)
+    return open_index(path, url)
 
 
 def _fail(exc: Exception) -> typer.Exit:

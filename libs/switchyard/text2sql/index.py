@@ -33,7 +33,7 @@ from typing import Any, Literal, TypeVar, get_args
 from qdrant_client import QdrantClient, models
 
 from switchyard.errors import ErrorCode, SwitchyardError
-from switchyard.text2sql.embedding import DIM, Embedder, Role
+from switchyard.text2sql.embedding import DIM, Embedder, Role, shared_embedder
 from switchyard.text2sql.knowledge import TENANT_RE, TenantKnowledge
 
 ItemKind = Literal["view", "semantics", "metric", "verified", "answer"]
@@ -326,6 +326,13 @@ class KnowledgeIndex:
         body = {k: v for k, v in item.payload.items() if k not in _RESERVED}
         fixed = {"tenant": tenant, "kind": item.kind, "ref": item.ref, "text": item.text}
         return {**body, **fixed, "embedder": self._embedder.name}
+
+
+def open_index(path: Path, url: str | None = None) -> KnowledgeIndex:
+    """The index on the Qdrant server at `url`, else the embedded one at `path`."""
+    if url:
+        return KnowledgeIndex(shared_embedder(), url=url)
+    return KnowledgeIndex(shared_embedder(), path=path)
 
 
 _T = TypeVar("_T")
