@@ -10,6 +10,7 @@ and every statement, gold or predicted, goes through the validator and executor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import time
@@ -70,7 +71,7 @@ async def evaluate(
     with tempfile.TemporaryDirectory(prefix="sy-eval-") as tmp:
         removed = guarded_copy(knowledge_dir, tenant, items, Path(tmp) / "knowledge")
         index = KnowledgeIndex(shared_embedder(), path=Path(tmp) / "index")
-        try:
+        with contextlib.closing(index):
             pipeline = Pipeline(bus, KnowledgeStore(Path(tmp) / "knowledge"), policies, index,
                                 FleetModel(bus, pool=pool), guard, options)  # fmt: skip
 
@@ -94,8 +95,6 @@ async def evaluate(
             gold = _gold_runner(guard, tenant, database)
 
             report = await run_evaluation(items, answer, gold, concurrency=concurrency)
-        finally:
-            index.close()
     return report, removed
 
 
@@ -129,8 +128,7 @@ async def probe_semantic_cache(
                                     _database(PolicyStore(policy_dir), tenant)))  # fmt: skip
     vocabulary = vocabulary_for(KnowledgeStore(knowledge_dir).load(tenant))
     probe = CacheProbe(threshold)
-    index = KnowledgeIndex(shared_embedder(), location=":memory:")
-    try:
+    with contextlib.closing(KnowledgeIndex(shared_embedder(), location=":memory:")) as index:
         for item in items:
             probe.asked += 1
             found = await asyncio.to_thread(
@@ -146,8 +144,6 @@ async def probe_semantic_cache(
             await asyncio.to_thread(
                 index.add, tenant, "answer", item.id, item.question, {"sql": item.gold[0]}
             )
-    finally:
-        index.close()
     return probe
 
 
@@ -180,8 +176,7 @@ async def probe_verified(
     vocabulary = vocabulary_for(knowledge)
     verified = {q.id: q for q in knowledge.verified}
     probe = VerifiedProbe(threshold)
-    index = KnowledgeIndex(shared_embedder(), location=":memory:")
-    try:
+    with contextlib.closing(KnowledgeIndex(shared_embedder(), location=":memory:")) as index:
         await asyncio.to_thread(index.sync, knowledge)
         for item in items:
             probe.asked += 1
@@ -207,8 +202,6 @@ async def probe_verified(
                 probe.missed.append(
                     (item.question, reachable[0].question, best.score if best else 0.0)
                 )
-    finally:
-        index.close()
     return probe
 
 
