@@ -32,7 +32,6 @@ from switchyard.sqldb.admin import flavour_of
 from switchyard.sqldb.admin import quote_name as q
 from switchyard.sqldb.auditchain import AUDIT_TABLE, ensure_chain_schema
 from switchyard.sqldb.catalog import TABLES
-from switchyard.sqldb.flavour import Flavour
 from switchyard.sqldb.naming import Naming, check_tenant
 from switchyard.sqlguard.policy import Policy, dump_policy
 
@@ -83,17 +82,19 @@ def _require(require_ssl: bool) -> str:
 
 
 def ensure_user(
-    cur: Any, flavour: Flavour, user: str, host: str, password: str, limits: str,
-    require_ssl: bool = False,
+    cur: Any, user: str, host: str, password: str, limits: str, require_ssl: bool = False,
+    *, revoke: bool = True,
 ) -> str:  # fmt: skip
-    """Create or reset an account with no privileges at all; returns its `'u'@'h'`."""
+    """Create or reset an account (with `revoke`, left with no privileges at all); returns
+    its `'u'@'h'`."""
     account = _account(user, host)
     # Literal, not a driver parameter: the host may be '%', which the driver would format.
     secret = cur.connection.escape(password)
     cur.execute(f"CREATE USER IF NOT EXISTS {account} IDENTIFIED BY {secret}")
     cur.execute(f"ALTER USER {account} IDENTIFIED BY {secret} {_require(require_ssl)} {limits}")
-    # Whatever it may have been granted before (by us or by hand) goes first.
-    cur.execute(f"REVOKE ALL PRIVILEGES, GRANT OPTION FROM {account}")
+    if revoke:
+        # Whatever it may have been granted before (by us or by hand) goes first.
+        cur.execute(f"REVOKE ALL PRIVILEGES, GRANT OPTION FROM {account}")
     return account
 
 
@@ -148,7 +149,6 @@ def provision_tenant(
             report.views.append(f"{schema}.{name}")
         account = ensure_user(
             cur,
-            flavour,
             user,
             host,
             naming.password(user),
@@ -182,14 +182,11 @@ def ensure_planner(
     """The EXPLAIN-only account; its grants on tenant views are added per tenant."""
     flavour = flavour_of(conn)
     user = naming.planner_user
-    account = _account(user, host)
     with conn.cursor() as cur:
-        secret = cur.connection.escape(naming.password(user))
-        cur.execute(f"CREATE USER IF NOT EXISTS {account} IDENTIFIED BY {secret}")
-        cur.execute(
-            f"ALTER USER {account} IDENTIFIED BY {secret} {_require(require_ssl)} "
-            f"{flavour.user_limits(max_connections, seconds)}",
-        )
+        # No REVOKE: it keeps the grants on every tenant's views made so far.
+        account = ensure_user(cur, user, host, naming.password(user),
+                              flavour.user_limits(max_connections, seconds), require_ssl,
+                              revoke=False)  # fmt: skip
         for spec in TABLES:
             db = naming.ops_db if spec.db == "ops" else naming.pay_db
             cur.execute(f"GRANT SELECT ON {q(db)}.{q(spec.name)} TO {account}")
@@ -211,7 +208,6 @@ def provision_auditor(
     with conn.cursor() as cur:
         account = ensure_user(
             cur,
-            flavour,
             user,
             host,
             password or naming.password(user),
