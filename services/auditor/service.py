@@ -107,10 +107,8 @@ class Batcher:
                 fut.set_result(None)
 
 
-async def run_auditor(
-    bus: Bus, stop: asyncio.Event, settings: AuditorSettings, writer: AuditWriter | None = None
-) -> None:
-    writer = writer or AuditWriter(settings)
+async def run_auditor(bus: Bus, stop: asyncio.Event, settings: AuditorSettings) -> None:
+    writer = AuditWriter(settings)
     # A database that wants TLS we cannot give stops the auditor here (DbTlsError); one
     # that is away only warns: the batcher keeps the events until it is back.
     if not await asyncio.to_thread(writer.check_login):

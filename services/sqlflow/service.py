@@ -28,15 +28,14 @@ from switchyard.bus.consumer import PullLoop, RetryPolicy
 from switchyard.codec import decode, encode
 from switchyard.errors import DecodeError, ErrorCode
 from switchyard.logging import bind_request, get_logger
-from switchyard.messages.inference import Cancel, ErrorInfo
+from switchyard.messages.inference import Cancel
 from switchyard.messages.sql import SqlAnswer, SqlAsk, StageEvent, StageName
 from switchyard.sqlguard.policy import PolicyStore
-from switchyard.text2sql.embedding import shared_embedder
 from switchyard.text2sql.fleet import FleetModel
 from switchyard.text2sql.guard import GuardClient
-from switchyard.text2sql.index import KnowledgeIndex
+from switchyard.text2sql.index import KnowledgeIndex, open_index
 from switchyard.text2sql.knowledge import KnowledgeStore
-from switchyard.text2sql.pipeline import Pipeline, Underway
+from switchyard.text2sql.pipeline import Pipeline, Underway, error_answer
 
 log = get_logger(__name__)
 
@@ -61,13 +60,6 @@ def build_pipeline(bus: Bus, settings: SqlflowSettings, index: KnowledgeIndex) -
     )
 
 
-def open_index(settings: SqlflowSettings) -> KnowledgeIndex:
-    if settings.qdrant_url:
-        return KnowledgeIndex(shared_embedder(), url=settings.qdrant_url)
-    settings.knowledge_index.mkdir(parents=True, exist_ok=True)
-    return KnowledgeIndex(shared_embedder(), path=settings.knowledge_index)
-
-
 async def deliver(bus: Bus, answer: SqlAnswer, reply: str | None) -> bool:
     """RES first (deduplicated), then the inbox (`answers.answer`), counted once; False
     when already answered."""
@@ -82,8 +74,9 @@ async def run_sqlflow(
     bus: Bus, stop: asyncio.Event, settings: SqlflowSettings, index: KnowledgeIndex | None = None
 ) -> None:
     own_index = index is None
-    knowledge_index = await asyncio.to_thread(open_index, settings) if index is None else index
-    pipeline = build_pipeline(bus, settings, knowledge_index)
+    if index is None:
+        index = await asyncio.to_thread(open_index, settings.knowledge_index, settings.qdrant_url)
+    pipeline = build_pipeline(bus, settings, index)
     running: dict[str, asyncio.Task[SqlAnswer]] = {}
 
     async def on_cancel(msg: Msg) -> None:
@@ -100,7 +93,8 @@ async def run_sqlflow(
         ask = decode(msg.data, SqlAsk, max_bytes=settings.max_message_bytes)
         with bind_request(ask.id, ask.tenant, ask.trace):
             if ask.deadline is not None and ask.deadline < time.time():
-                await deliver(bus, expired(ask), ask.reply)
+                reason = "the question's deadline passed before it was read"
+                await deliver(bus, error_answer(ask, "expired", reason), ask.reply)
                 return
 
             async def emit(stage: StageName, seconds: float, data: dict[str, Any]) -> None:
@@ -122,7 +116,8 @@ async def run_sqlflow(
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise  # this process is stopping: the question is redelivered
-                answer = cancelled(ask)  # the asker cancelled it
+                # The asker cancelled it.
+                answer = error_answer(ask, "cancelled", "the asker cancelled the question")
                 await pipeline.audit(answer)
             finally:
                 running.pop(ask.id, None)
@@ -148,11 +143,7 @@ async def run_sqlflow(
     async def on_give_up(msg: Msg, code: ErrorCode, reason: str) -> None:
         with contextlib.suppress(DecodeError):
             ask = decode(msg.data, SqlAsk, max_bytes=settings.max_message_bytes)
-            failed = SqlAnswer(
-                tenant=ask.tenant, trace=ask.trace, request_id=ask.id, question=ask.question,
-                status="error", path="error", error=ErrorInfo(code=code, reason=reason),
-            )  # fmt: skip
-            await deliver(bus, failed, ask.reply)
+            await deliver(bus, error_answer(ask, code, reason), ask.reply)
 
     loop = PullLoop(
         bus.js, "INGRESS", DURABLE, on_ask, on_give_up=on_give_up,
@@ -169,20 +160,4 @@ async def run_sqlflow(
         await cancels.unsubscribe()
     finally:
         if own_index:
-            knowledge_index.close()
-
-
-def cancelled(ask: SqlAsk) -> SqlAnswer:
-    return SqlAnswer(
-        tenant=ask.tenant, trace=ask.trace, request_id=ask.id, question=ask.question,
-        status="error", path="error",
-        error=ErrorInfo(code="cancelled", reason="the asker cancelled the question"),
-    )  # fmt: skip
-
-
-def expired(ask: SqlAsk) -> SqlAnswer:
-    return SqlAnswer(
-        tenant=ask.tenant, trace=ask.trace, request_id=ask.id, question=ask.question,
-        status="error", path="error",
-        error=ErrorInfo(code="expired", reason="the question's deadline passed before it was read"),
-    )  # fmt: skip
+            index.close()

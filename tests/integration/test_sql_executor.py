@@ -9,10 +9,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pymysql
 import pytest
 
 from switchyard.codec import encode
 from switchyard.messages.sql import ExecuteRequest
+from switchyard.sqldb import executor as executor_module
 from switchyard.sqldb.executor import SqlExecutor
 from switchyard.sqlguard import rules
 from switchyard.sqlguard.signing import sign
@@ -279,6 +281,27 @@ async def test_a_database_error_is_an_answer(executor: SqlExecutor, sqlenv: SqlE
     assert decision.reply.error is not None and "1242" in decision.reply.error.reason
     again = await executor.handle(sqlenv.signed("acme", "SELECT COUNT(*) FROM regions"))
     assert again.reply.ok  # the pool is fine afterwards
+
+
+async def test_a_driver_error_mid_statement_drops_its_connection(
+    executor: SqlExecutor, sqlenv: SqlEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    count = sqlenv.signed("acme", "SELECT COUNT(*) FROM regions")
+    assert (await executor.handle(count)).reply.ok  # one idle connection in acme's pool
+    pool = executor.pool("acme")
+    leased = pool._idle[-1]
+
+    async def lost(*_: object) -> None:
+        raise pymysql.err.OperationalError(2013, "Lost connection to server during query")
+
+    monkeypatch.setattr(executor_module, "run_select", lost)
+    decision = await executor.handle(count)
+    assert not decision.reply.ok and decision.reply.rule == rules.EXEC_DB_ERROR
+    assert decision.reply.error is not None and "2013" in decision.reply.error.reason
+    assert decision.audit.verdict == "error" and decision.audit.rule == rules.EXEC_DB_ERROR
+    assert leased not in pool._idle and leased.closed  # dropped, never handed out again
+    monkeypatch.undo()
+    assert (await executor.handle(count)).reply.ok
 
 
 async def test_unknown_tenant(executor: SqlExecutor, sqlenv: SqlEnv) -> None:

@@ -12,13 +12,11 @@ import re
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from switchyard.cli.sql_commands import Dsn, admin_connection, admin_settings
+from switchyard.cli import console, err
+from switchyard.cli.sql_commands import Dsn, admin_session, admin_settings
 
-console = Console()
-err = Console(stderr=True)
 audit = typer.Typer(help="The audit trail: verify its hash chain, query events.")
 
 Db = Annotated[str | None, typer.Option("--db", help="audit database (SY_SQL_AUDIT_DB)")]
@@ -43,11 +41,6 @@ def parse_since(text: str, now: dt.datetime | None = None) -> dt.datetime:
     return at.astimezone(dt.UTC).replace(tzinfo=None)
 
 
-def _connect(dsn: str | None, db: str | None) -> tuple[Any, str]:
-    settings = admin_settings(dsn, sql_audit_db=db or None)
-    return admin_connection(settings, exit_code=2), settings.sql_audit_db
-
-
 @audit.command("verify")
 def verify(
     tenant: Annotated[str | None, typer.Option(help="only this tenant's chain")] = None,
@@ -57,14 +50,10 @@ def verify(
     """Recompute every tenant's hash chain; exit 1 at the first broken link."""
     from switchyard.sqldb import auditchain
 
-    conn, audit_db = _connect(dsn, db)
-    try:
+    settings = admin_settings(dsn, sql_audit_db=db or None)
+    audit_db = settings.sql_audit_db
+    with admin_session(settings, f"cannot read {audit_db}", exit_code=2) as conn:
         report = auditchain.verify(conn, audit_db, tenant)
-    except Exception as exc:
-        err.print(f"[red]cannot read {audit_db}:[/red] {exc}")
-        raise typer.Exit(2) from exc
-    finally:
-        conn.close()
     if report.broken is not None:
         b = report.broken
         where = f"tenant {b.tenant}" + (f", seq {b.seq}" if b.seq is not None else "")
@@ -108,17 +97,13 @@ def query(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--tenant") from exc
     start = parse_since(since)
-    conn, audit_db = _connect(dsn, db)
-    try:
+    settings = admin_settings(dsn, sql_audit_db=db or None)
+    audit_db = settings.sql_audit_db
+    with admin_session(settings, f"cannot read {audit_db}", exit_code=2) as conn:
         # One more than asked, to say so when the output is cut rather than cut it silently.
         rows = auditchain.query(
             conn, audit_db, tenant=tenant, since=start, kind=kind, limit=limit + 1
         )
-    except Exception as exc:
-        err.print(f"[red]cannot read {audit_db}:[/red] {exc}")
-        raise typer.Exit(2) from exc
-    finally:
-        conn.close()
     if len(rows) > limit:
         rows = rows[:limit]
         err.print(f"[yellow]more than {limit} events: showing the first {limit}[/yellow] "

@@ -11,13 +11,11 @@ from pathlib import Path
 from typing import cast
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from switchyard.bench.routeload import AGENT_ACT_S, ChatConfig
-from switchyard.cli import peers_commands
+from switchyard.cli import console, err, peers_commands
 
-console = Console()
 bench = typer.Typer(help="Benchmarks, measured side by side in one run (medians).")
 
 
@@ -393,7 +391,7 @@ def load_cmd(
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-        console=Console(stderr=True), transient=False,
+        console=err, transient=False,
     )  # fmt: skip
 
     def hooks_for(load: float, expected: int | None) -> Hooks:

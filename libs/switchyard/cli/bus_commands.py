@@ -14,7 +14,6 @@ from typing import Annotated, Any, TypeVar
 import typer
 import yaml
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
 from switchyard import subjects
@@ -23,6 +22,7 @@ from switchyard.bus.provision import provision as provision_topology
 from switchyard.bus.publish import publish as js_publish
 from switchyard.bus.tokenstream import TokenStreamReader
 from switchyard.bus.topology import TopologySettings, build_topology
+from switchyard.cli import console, err
 from switchyard.codec import ENVELOPES
 from switchyard.config import Settings
 from switchyard.envelope import Envelope
@@ -30,9 +30,6 @@ from switchyard.errors import SwitchyardError
 from switchyard.identity import Identity
 from switchyard.messages.inference import GenerateRequest
 from switchyard.natsserver import EmbeddedCluster, EmbeddedNats
-
-console = Console()
-err = Console(stderr=True)
 
 T = TypeVar("T")
 

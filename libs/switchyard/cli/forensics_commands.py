@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
@@ -16,14 +15,12 @@ from switchyard.bus.connection import Bus
 from switchyard.bus.provision import provision
 from switchyard.bus.streamread import Window
 from switchyard.bus.topology import build_topology
+from switchyard.cli import console, err
 from switchyard.cli.audit_commands import parse_since
 from switchyard.cli.bus_commands import NatsUrl, _settings, cli_connect, run_or_exit
 from switchyard.forensics import replay as rp
 from switchyard.forensics.compare import DiffReport, compare
 from switchyard.forensics.trace import Trace, find
-
-console = Console()
-err = Console(stderr=True)
 
 
 def _epoch(text: str | None) -> float | None:

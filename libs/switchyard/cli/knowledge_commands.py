@@ -7,26 +7,25 @@ other command.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
-from rich.console import Console
 
+from switchyard.cli import console, err
 from switchyard.errors import SwitchyardError
 from switchyard.text2sql.knowledge import KnowledgeStore, VerifiedQuery
 
 if TYPE_CHECKING:
     from switchyard.text2sql.index import KnowledgeIndex
 
-console = Console()
-err = Console(stderr=True)
 knowledge = typer.Typer(help="Tenant knowledge for Text2SQL: views, metrics, verified queries.")
 
 Tenant = Annotated[str, typer.Option("--tenant", help="tenant id")]
-Dir = Annotated[
+KnowledgeDir = Annotated[
     Path | None,
     typer.Option("--dir", help="knowledge root (default: SY_KNOWLEDGE_DIR or deploy/knowledge)"),
 ]
@@ -40,18 +39,15 @@ IndexPath = Annotated[
 Url = Annotated[str | None, typer.Option("--url", help="a Qdrant server instead of --index-path")]
 
 
-def _store(directory: Path | None) -> KnowledgeStore:
-    return KnowledgeStore(directory or Path(os.environ.get("SY_KNOWLEDGE_DIR", "deploy/knowledge")))
+def knowledge_root(given: Path | None) -> Path:
+    return given or Path(os.environ.get("SY_KNOWLEDGE_DIR", "deploy/knowledge"))
 
 
 def _index(index_path: Path | None, url: str | None) -> KnowledgeIndex:
-    from switchyard.text2sql.embedding import shared_embedder
-    from switchyard.text2sql.index import KnowledgeIndex
+    from switchyard.text2sql.index import open_index
 
-    if url:
-        return KnowledgeIndex(shared_embedder(), url=url)
     path = index_path or Path(os.environ.get("SY_KNOWLEDGE_INDEX", ".sy/knowledge-index"))
-    return KnowledgeIndex(shared_embedder(), path=path)
+    return open_index(path, url)
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -60,10 +56,10 @@ def _fail(exc: Exception) -> typer.Exit:
 
 
 @knowledge.command("show")
-def show(tenant: Tenant, directory: Dir = None) -> None:
+def show(tenant: Tenant, directory: KnowledgeDir = None) -> None:
     """Version, counts, and the schema text a prompt gets."""
     try:
-        k = _store(directory).load(tenant)
+        k = KnowledgeStore(knowledge_root(directory)).load(tenant)
     except SwitchyardError as exc:
         raise _fail(exc) from exc
     console.print(f"tenant {k.tenant}  pack {k.pack}  version {k.version}")
@@ -76,18 +72,16 @@ def show(tenant: Tenant, directory: Dir = None) -> None:
 
 @knowledge.command("index")
 def index(
-    tenant: Tenant, directory: Dir = None, index_path: IndexPath = None, url: Url = None
+    tenant: Tenant, directory: KnowledgeDir = None, index_path: IndexPath = None, url: Url = None
 ) -> None:
     """Bring the tenant's items in the vector index up to date with its files."""
     try:
-        k = _store(directory).load(tenant)
+        k = KnowledgeStore(knowledge_root(directory)).load(tenant)
         ix = _index(index_path, url)
     except SwitchyardError as exc:
         raise _fail(exc) from exc
-    try:
+    with contextlib.closing(ix):
         written = ix.sync(k)
-    finally:
-        ix.close()
     console.print(f"{tenant}: version {k.version}, {written} items written")
 
 
@@ -98,14 +92,14 @@ def add_verified(
     sql: Annotated[str, typer.Option("--sql", help="the SQL that answers it")],
     by: Annotated[str, typer.Option("--by", help="who checked the answer")],
     tags: Annotated[str, typer.Option("--tags", help="comma-separated")] = "",
-    directory: Dir = None,
+    directory: KnowledgeDir = None,
 ) -> None:
     """Append a verified query to the tenant's verified.yaml.
 
     The SQL is stored as given, not parsed or checked against the tenant's policy
     (the validator judges it whenever it is used): check it first with `sy sql check`.
     """
-    store = _store(directory)
+    store = KnowledgeStore(knowledge_root(directory))
     try:
         query = VerifiedQuery(
             id=store.next_verified_id(tenant),
@@ -139,15 +133,10 @@ def search(
     if unknown := set(wanted) - ITEM_KINDS:
         raise typer.BadParameter(f"unknown kinds {sorted(unknown)}; use {sorted(ITEM_KINDS)}")
     try:
-        ix = _index(index_path, url)
+        with contextlib.closing(_index(index_path, url)) as ix:
+            hits = ix.search(tenant, query, kinds=wanted, limit=limit)
     except SwitchyardError as exc:
         raise _fail(exc) from exc
-    try:
-        hits = ix.search(tenant, query, kinds=wanted, limit=limit)
-    except SwitchyardError as exc:
-        raise _fail(exc) from exc
-    finally:
-        ix.close()
     if not hits:
         console.print("no hits (is the tenant indexed? `sy sql knowledge index`)")
     for hit in hits:

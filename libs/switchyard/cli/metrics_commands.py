@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from switchyard.cli import err
 from switchyard.metrics_catalog import catalog, compare, render_table, write_table
 
-err = Console(stderr=True)
 metrics_app = typer.Typer(help="Prometheus metrics: the catalog of what the services export.")
 
 DEFAULT_DOC = Path("deploy/metrics.md")

@@ -7,15 +7,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 
 from switchyard.bench.routeload import AGENT_ACT_S, ChatConfig
+from switchyard.cli import console
 
 if TYPE_CHECKING:
     from switchyard.bench.peers.overhead import OverheadConfig
     from switchyard.bench.peers.routing import RoutingConfig
 
-console = Console()
 peers = typer.Typer(
     help="Switchyard against vLLM's router and SGLang's gateway (smg), on sim backends.",
     no_args_is_help=True,

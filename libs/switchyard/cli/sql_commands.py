@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
+from switchyard.cli import console, err
 from switchyard.sqlguard import rules
 from switchyard.sqlguard.policy import Policy, load_policy
 from switchyard.sqlguard.validator import validate
 from switchyard.sqlguard.verdict import Verdict
 
-console = Console()
-err = Console(stderr=True)
 sql = typer.Typer(help="Text2SQL safety: demo databases, tenant walls, the SQL guard.")
 
 Dsn = Annotated[
@@ -38,16 +38,28 @@ def admin_settings(dsn: str | None, **overrides: Any) -> Any:
         raise typer.BadParameter(str(exc)) from exc
 
 
-def admin_connection(settings: Any, exit_code: int = 1) -> Any:
-    """The admin connection (`AdminSettings`: the DSN, TLS when SY_MYSQL_SSL_CA is set), or
-    a one-line error and exit `exit_code` when the server is unreachable."""
+@contextlib.contextmanager
+def admin_session(
+    settings: Any, failed: str, errors: tuple[type[Exception], ...] = (Exception,),
+    exit_code: int = 1,
+) -> Iterator[Any]:  # fmt: skip
+    """The admin connection (`AdminSettings`: the DSN, TLS when SY_MYSQL_SSL_CA is set)
+    for the block, closed after it. An unreachable server, or an error of `errors` in the
+    block (after `failed`), is a one-line error and exit `exit_code`."""
     from switchyard.sqldb.admin import connect_admin
 
     try:
-        return connect_admin(settings.admin_dsn(), settings.tls_context())
+        conn = connect_admin(settings.admin_dsn(), settings.tls_context())
     except Exception as exc:
         err.print(f"[red]cannot connect to {settings.shown_dsn()}:[/red] {exc}")
         raise typer.Exit(exit_code) from exc
+    try:
+        yield conn
+    except errors as exc:
+        err.print(f"[red]{failed}:[/red] {exc}")
+        raise typer.Exit(exit_code) from exc
+    finally:
+        conn.close()
 
 
 def _verdict_for_line(line: str, policy: Policy, lines: bool, allow_any_table: bool) -> Verdict:
@@ -119,18 +131,12 @@ def demo_db(
         sql_demo_tenants=tenants.split(",") if tenants else None,
     )
     names = naming(settings)
-    conn = admin_connection(settings)
-    try:
+    with admin_session(settings, "demo-db failed", (demo.DemoError, ValueError)) as conn:
         if drop:
             demo.drop(conn, names.ops_db, names.pay_db)
             console.print(f"dropped {names.ops_db} and {names.pay_db}")
             return
         report = demo.generate(conn, names.ops_db, names.pay_db, settings)
-    except (demo.DemoError, ValueError) as exc:
-        err.print(f"[red]demo-db failed:[/red] {exc}")
-        raise typer.Exit(1) from exc
-    finally:
-        conn.close()
     table = Table("table", "rows")
     for name, count in report.rows.items():
         table.add_row(name, f"{count:,}")
@@ -163,8 +169,7 @@ def provision(
 
     settings = admin_settings(dsn, sql_policy_dir=policy_dir, sql_require_ssl=require_ssl)
     names = naming(settings)
-    conn = admin_connection(settings)
-    try:
+    with admin_session(settings, "provisioning failed") as conn:
         for t in tenant:
             r = provision_tenant(
                 conn,
@@ -189,11 +194,6 @@ def provision(
                 password=auditor_password(settings), require_ssl=settings.sql_require_ssl,
             )  # fmt: skip
             console.print(f"auditor: {account} may INSERT into {settings.sql_audit_db}.sql_audit")
-    except Exception as exc:
-        err.print(f"[red]provisioning failed:[/red] {exc}")
-        raise typer.Exit(1) from exc
-    finally:
-        conn.close()
 
 
 def register(app: typer.Typer) -> None:

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from switchyard.cli import console, err
 from switchyard.cli.bus_commands import NatsUrl, cli_connect
+from switchyard.cli.knowledge_commands import KnowledgeDir, knowledge_root
 from switchyard.config import Settings
 from switchyard.messages.sql import (
     IDLE_TIMEOUT,
@@ -28,14 +29,7 @@ from switchyard.messages.sql import (
 )
 from switchyard.text2sql.matching import SEMANTIC_THRESHOLD, VERIFIED_THRESHOLD
 
-console = Console()
-err = Console(stderr=True)
-
 Tenant = Annotated[str, typer.Option("--tenant", "-t", help="the tenant asking")]
-KnowledgeDir = Annotated[
-    Path | None,
-    typer.Option("--dir", help="knowledge root (default: SY_KNOWLEDGE_DIR or deploy/knowledge)"),
-]
 PolicyDir = Annotated[
     Path | None,
     typer.Option(
@@ -43,10 +37,6 @@ PolicyDir = Annotated[
     ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="print the answer as JSON")]
-
-
-def _knowledge_dir(given: Path | None) -> Path:
-    return given or Path(os.environ.get("SY_KNOWLEDGE_DIR", "deploy/knowledge"))
 
 
 def _policy_dir(given: Path | None) -> Path:
@@ -229,7 +219,7 @@ def register(sql: typer.Typer) -> None:
         if policy is None or not policy.database:
             err.print(f"[red]no SQL policy for {tenant}[/red]")
             raise typer.Exit(1)
-        store = KnowledgeStore(_knowledge_dir(knowledge_dir))
+        store = KnowledgeStore(knowledge_root(knowledge_dir))
         query = promote(store, answer, verified_by=by, database=policy.database,
                         tags=[t for t in tags.split(",") if t])  # fmt: skip
         console.print(f"verified {query.id}: {query.question}\n{query.sql}", highlight=False)
@@ -300,7 +290,7 @@ def register(sql: typer.Typer) -> None:
         if semantic_probe or verified_probe:
             kind = "verified" if verified_probe else "semantic"
             threshold = verified_threshold if verified_probe else semantic_threshold
-            _probe(kind, tenant, items, _knowledge_dir(knowledge_dir), _policy_dir(policy_dir),
+            _probe(kind, tenant, items, knowledge_root(knowledge_dir), _policy_dir(policy_dir),
                    threshold, nats_url)  # fmt: skip
             return
         options = FlowOptions(
@@ -311,7 +301,7 @@ def register(sql: typer.Typer) -> None:
         async def run() -> Any:
             async with await cli_connect(_settings(nats_url), "sy-sql-eval") as bus:
                 return await run_eval(
-                    bus, tenant, items, knowledge_dir=_knowledge_dir(knowledge_dir),
+                    bus, tenant, items, knowledge_dir=knowledge_root(knowledge_dir),
                     policy_dir=_policy_dir(policy_dir), options=options, pool=pool,
                 )  # fmt: skip
 

@@ -176,10 +176,7 @@ def _check_row(row: dict[str, Any], prev: str, expected_seq: int) -> str | None:
         stored = json.loads(body)
     except ValueError:
         return "body is not JSON"
-    for col in MIRRORED:
-        if stored.get(col) != row[col]:
-            return f"column {col!r} differs from the hashed body"
-    for col in ("rows_scanned", "rows_returned"):
+    for col in (*MIRRORED, "rows_scanned", "rows_returned"):
         if stored.get(col) != row[col]:
             return f"column {col!r} differs from the hashed body"
     if bool(stored.get("killed")) != bool(row["killed"]):

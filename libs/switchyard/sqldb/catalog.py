@@ -22,7 +22,6 @@ class TableSpec:
     body: str  # the column and index list of CREATE TABLE
     columns: tuple[str, ...]  # what a tenant's view exposes (never tenant_id)
     tenant_scoped: bool = True
-    aggregate: bool = False
 
 
 TABLES: tuple[TableSpec, ...] = (
@@ -84,7 +83,6 @@ TABLES: tuple[TableSpec, ...] = (
         "dau INT NOT NULL, new_players INT NOT NULL, sessions INT NOT NULL, "
         "minutes BIGINT NOT NULL, PRIMARY KEY (tenant_id, day, server_id, channel)",
         ("day", "server_id", "channel", "dau", "new_players", "sessions", "minutes"),
-        aggregate=True,
     ),
     TableSpec(
         "ops", "agg_retention",
@@ -93,7 +91,6 @@ TABLES: tuple[TableSpec, ...] = (
         "d7 INT NOT NULL, d30 INT NOT NULL, "
         "PRIMARY KEY (tenant_id, cohort_day, server_id, channel)",
         ("cohort_day", "server_id", "channel", "cohort_size", "d1", "d7", "d30"),
-        aggregate=True,
     ),
     TableSpec(
         "pay", "pay_tiers",
@@ -132,7 +129,6 @@ TABLES: tuple[TableSpec, ...] = (
         "orders INT NOT NULL, payers INT NOT NULL, revenue_cents BIGINT NOT NULL, "
         "refunds_cents BIGINT NOT NULL, PRIMARY KEY (tenant_id, day, server_id, channel)",
         ("day", "server_id", "channel", "orders", "payers", "revenue_cents", "refunds_cents"),
-        aggregate=True,
     ),
 )  # fmt: skip
 

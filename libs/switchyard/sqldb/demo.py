@@ -78,25 +78,21 @@ def fingerprint(s: DemoSettings) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def _exec(cur: Any, sql: str, args: Any = None) -> int:
-    return int(cur.execute(sql, args))
-
-
 def _analyze(cur: Any, table: str) -> None:
     # Fresh tables have no statistics; without them the joins below pick nested full
     # scans (30 s instead of 0.3 s at test size).
-    _exec(cur, f"ANALYZE TABLE {table}")
+    cur.execute(f"ANALYZE TABLE {table}")
     cur.fetchall()
 
 
 def _tables_of(cur: Any, db: str) -> set[str]:
-    _exec(cur, "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s", (db,))
+    cur.execute("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s", (db,))
     return {str(r[0]) for r in cur.fetchall()}
 
 
 def _current_fingerprint(cur: Any, ops: str) -> str | None:
     try:
-        _exec(cur, f"SELECT v FROM {q(ops)}._meta WHERE k = 'fingerprint'")
+        cur.execute(f"SELECT v FROM {q(ops)}._meta WHERE k = 'fingerprint'")
     except pymysql.err.ProgrammingError:
         return None
     row = cur.fetchone()
@@ -120,7 +116,7 @@ def generate(conn: Any, ops: str, pay: str, s: DemoSettings) -> DemoReport:
     started = time.monotonic()
     lock = f"sy-demo-db:{ops}"
     with conn.cursor() as cur:
-        _exec(cur, "SELECT GET_LOCK(%s, 600)", (lock,))
+        cur.execute("SELECT GET_LOCK(%s, 600)", (lock,))
         try:
             existed = _check_ownership(cur, ops, pay)
             wanted = fingerprint(s)
@@ -129,8 +125,7 @@ def generate(conn: Any, ops: str, pay: str, s: DemoSettings) -> DemoReport:
                     ops, pay, "unchanged", time.monotonic() - started, row_counts(cur, ops, pay)
                 )
             _build(cur, ops, pay, s)
-            _exec(
-                cur,
+            cur.execute(
                 f"REPLACE INTO {q(ops)}._meta (k, v) VALUES ('fingerprint', %s), "
                 "('generated_at', %s)",
                 (wanted, dt.datetime.now(dt.UTC).isoformat()),
@@ -140,14 +135,14 @@ def generate(conn: Any, ops: str, pay: str, s: DemoSettings) -> DemoReport:
                 ops, pay, action, time.monotonic() - started, row_counts(cur, ops, pay)
             )
         finally:
-            _exec(cur, "SELECT RELEASE_LOCK(%s)", (lock,))
+            cur.execute("SELECT RELEASE_LOCK(%s)", (lock,))
 
 
 def row_counts(cur: Any, ops: str, pay: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for spec in TABLES:
         db = ops if spec.db == "ops" else pay
-        _exec(cur, f"SELECT COUNT(*) FROM {q(db)}.{q(spec.name)}")
+        cur.execute(f"SELECT COUNT(*) FROM {q(db)}.{q(spec.name)}")
         out[spec.name] = int(cur.fetchone()[0])
     return out
 
@@ -156,34 +151,33 @@ def drop(conn: Any, ops: str, pay: str) -> None:
     """Remove the demo databases (only if they carry our `_meta`)."""
     with conn.cursor() as cur:
         if _check_ownership(cur, ops, pay) or _tables_of(cur, pay) == set():
-            _exec(cur, f"DROP DATABASE IF EXISTS {q(ops)}")
-            _exec(cur, f"DROP DATABASE IF EXISTS {q(pay)}")
+            cur.execute(f"DROP DATABASE IF EXISTS {q(ops)}")
+            cur.execute(f"DROP DATABASE IF EXISTS {q(pay)}")
 
 
 def _build(cur: Any, ops: str, pay: str, s: DemoSettings) -> None:
     od, pd = q(ops), q(pay)  # short names keep the SQL below readable
-    _exec(cur, f"CREATE DATABASE IF NOT EXISTS {od} CHARACTER SET utf8mb4")
-    _exec(cur, f"CREATE DATABASE IF NOT EXISTS {pd} CHARACTER SET utf8mb4")
+    cur.execute(f"CREATE DATABASE IF NOT EXISTS {od} CHARACTER SET utf8mb4")
+    cur.execute(f"CREATE DATABASE IF NOT EXISTS {pd} CHARACTER SET utf8mb4")
     for spec in TABLES:
         db = od if spec.db == "ops" else pd
-        _exec(cur, f"DROP TABLE IF EXISTS {db}.{q(spec.name)}")
-        _exec(cur, f"CREATE TABLE {db}.{q(spec.name)} ({spec.body}) ENGINE=InnoDB")
+        cur.execute(f"DROP TABLE IF EXISTS {db}.{q(spec.name)}")
+        cur.execute(f"CREATE TABLE {db}.{q(spec.name)} ({spec.body}) ENGINE=InnoDB")
     for name in INTERNAL:
-        _exec(cur, f"DROP TABLE IF EXISTS {od}.{q(name)}")
-    _exec(cur, f"CREATE TABLE {od}._meta (k VARCHAR(64) PRIMARY KEY, v VARCHAR(255) NOT NULL)")
-    _exec(cur, f"CREATE TABLE {od}._digits (d TINYINT NOT NULL PRIMARY KEY)")
-    _exec(cur, f"INSERT INTO {od}._digits VALUES (0),(1),(2),(3),(4),(5),(6),(7),(8),(9)")
-    _exec(cur, f"CREATE TABLE {od}._seq (n INT NOT NULL PRIMARY KEY)")
+        cur.execute(f"DROP TABLE IF EXISTS {od}.{q(name)}")
+    cur.execute(f"CREATE TABLE {od}._meta (k VARCHAR(64) PRIMARY KEY, v VARCHAR(255) NOT NULL)")
+    cur.execute(f"CREATE TABLE {od}._digits (d TINYINT NOT NULL PRIMARY KEY)")
+    cur.execute(f"INSERT INTO {od}._digits VALUES (0),(1),(2),(3),(4),(5),(6),(7),(8),(9)")
+    cur.execute(f"CREATE TABLE {od}._seq (n INT NOT NULL PRIMARY KEY)")
     need = max(s.sql_demo_players, s.sql_demo_days + 31, 100)
     digits = len(str(need - 1))
     terms = " + ".join(f"d{i}.d * {10**i}" for i in range(digits))
     joins = ", ".join(f"{od}._digits d{i}" for i in range(digits))
-    _exec(cur, f"INSERT INTO {od}._seq SELECT {terms} FROM {joins} WHERE {terms} < {int(need)}")
+    cur.execute(f"INSERT INTO {od}._seq SELECT {terms} FROM {joins} WHERE {terms} < {int(need)}")
 
     # Tenants: weights n, n-1, ..., 1 over `player_id % W` buckets.
     tenants = s.sql_demo_tenants
-    _exec(
-        cur,
+    cur.execute(
         f"CREATE TABLE {od}._tenants (idx TINYINT PRIMARY KEY, tenant_id VARCHAR(64) NOT NULL, "
         "lo INT NOT NULL, hi INT NOT NULL)",
     )
@@ -201,8 +195,7 @@ def _build(cur: Any, ops: str, pay: str, s: DemoSettings) -> None:
     days, servers, players = int(s.sql_demo_days), int(s.sql_demo_servers), int(s.sql_demo_players)
     cur.executemany(f"INSERT INTO {od}.regions VALUES (%s, %s, %s, %s)", REGIONS)
     cur.executemany(f"INSERT INTO {pd}.pay_tiers VALUES (%s, %s, %s, %s)", TIERS)
-    _exec(
-        cur,
+    cur.execute(
         f"""INSERT INTO {od}.servers
         SELECT t.tenant_id, t.idx * 100 + s.n + 1, 1 + s.n % {len(REGIONS)},
                CONCAT(UPPER(t.tenant_id), '-S', s.n + 1),
@@ -211,8 +204,7 @@ def _build(cur: Any, ops: str, pay: str, s: DemoSettings) -> None:
     )
     channel_elt = ", ".join(f"'{c}'" for c in ("organic",) * 4 + CHANNELS[1:2] * 2
                             + CHANNELS[2:3] * 2 + CHANNELS[3:])  # fmt: skip
-    _exec(
-        cur,
+    cur.execute(
         f"""INSERT INTO {od}.players
         SELECT t.tenant_id, s.n + 1, CONCAT(t.tenant_id, '_player_', s.n + 1),
                t.idx * 100 + 1 + CRC32(CONCAT('srv', s.n)) % {servers},
@@ -233,8 +225,7 @@ def _build(cur: Any, ops: str, pay: str, s: DemoSettings) -> None:
     # GREATEST: the server may evaluate this before the join condition drops day < registration.
     age = f"GREATEST(0, DATEDIFF(DATE_ADD({start}, INTERVAL d.n DAY), p.registered_on))"
     eng = "(CRC32(CONCAT('en', p.player_id)) % 100) / 100"
-    _exec(
-        cur,
+    cur.execute(
         f"""INSERT INTO {od}.daily_activity
         SELECT p.tenant_id, DATE_ADD({start}, INTERVAL d.n DAY), p.player_id, p.server_id,
                p.channel,
@@ -249,16 +240,14 @@ def _build(cur: Any, ops: str, pay: str, s: DemoSettings) -> None:
                    ELSE 10000 * (0.06 + 0.6 * {eng}) * (0.3 + 0.7 / (1 + {age} / 4)) END""",
     )
     _analyze(cur, f"{od}.daily_activity")
-    _exec(
-        cur,
+    cur.execute(
         f"""UPDATE {od}.players p JOIN (
               SELECT tenant_id, player_id, MAX(max_level) AS lv, MAX(day) AS last
               FROM {od}.daily_activity GROUP BY tenant_id, player_id) x
             ON x.tenant_id = p.tenant_id AND x.player_id = p.player_id
         SET p.level = x.lv, p.last_login_on = x.last""",
     )
-    _exec(
-        cur,
+    cur.execute(
         f"""INSERT INTO {od}.sessions (tenant_id, player_id, server_id, started_at, duration_s,
                                       device)
         SELECT a.tenant_id, a.player_id, a.server_id,
@@ -269,15 +258,13 @@ def _build(cur: Any, ops: str, pay: str, s: DemoSettings) -> None:
         JOIN {od}._seq k ON k.n < a.sessions
         JOIN {od}.players p ON p.tenant_id = a.tenant_id AND p.player_id = a.player_id""",
     )
-    _exec(
-        cur,
+    cur.execute(
         f"""INSERT INTO {od}.level_funnel
         SELECT p.tenant_id, p.server_id, l.n, COUNT(*), SUM(p.level > l.n)
         FROM {od}.players p JOIN {od}._seq l ON l.n BETWEEN 1 AND 60 AND l.n <= p.level
         GROUP BY p.tenant_id, p.server_id, l.n""",
     )
-    _exec(
-        cur,
+    cur.execute(
         f"""INSERT INTO {od}.events
         SELECT t.tenant_id, s.n + 1,
                CONCAT(ELT(1 + s.n % 6, 'Spring', 'Lunar', 'Summer', 'Anniversary', 'Winter',
@@ -289,8 +276,7 @@ def _build(cur: Any, ops: str, pay: str, s: DemoSettings) -> None:
                100000 * (1 + s.n % 9)
         FROM {od}._tenants t JOIN {od}._seq s ON s.n < 12""",
     )
-    _exec(
-        cur,
+    cur.execute(
         f"""INSERT INTO {od}.agg_dau_daily
         SELECT a.tenant_id, a.day, a.server_id, a.channel, COUNT(*),
                SUM(a.day = p.registered_on), SUM(a.sessions), SUM(a.minutes)
@@ -302,8 +288,7 @@ def _build(cur: Any, ops: str, pay: str, s: DemoSettings) -> None:
         "LEFT JOIN {od}.daily_activity {a} ON {a}.tenant_id = p.tenant_id "
         "AND {a}.player_id = p.player_id AND {a}.day = DATE_ADD(p.registered_on, INTERVAL {d} DAY)"
     )
-    _exec(
-        cur,
+    cur.execute(
         f"""INSERT INTO {od}.agg_retention
         SELECT p.tenant_id, p.registered_on, p.server_id, p.channel, COUNT(*),
                COUNT(r1.player_id), COUNT(r7.player_id), COUNT(r30.player_id)
@@ -315,8 +300,7 @@ def _build(cur: Any, ops: str, pay: str, s: DemoSettings) -> None:
         GROUP BY p.tenant_id, p.registered_on, p.server_id, p.channel""",
     )
     # Orders: payers buy on a quarter of their active days, others rarely.
-    _exec(
-        cur,
+    cur.execute(
         f"""INSERT INTO {pd}.orders (tenant_id, player_id, server_id, channel, tier_id, created_at,
                                     amount_cents, currency, status)
         SELECT o.tenant_id, o.player_id, o.server_id, o.channel, o.tier_id, o.created_at,
@@ -335,8 +319,7 @@ def _build(cur: Any, ops: str, pay: str, s: DemoSettings) -> None:
         ) o JOIN {pd}.pay_tiers t ON t.tier_id = o.tier_id
         ORDER BY o.created_at""",
     )
-    _exec(
-        cur,
+    cur.execute(
         f"""INSERT INTO {pd}.payments (tenant_id, order_id, provider, paid_at, amount_cents, status)
         SELECT tenant_id, order_id,
                ELT(1 + CRC32(CONCAT('pv', order_id)) % 4, 'apple', 'google', 'wechat', 'card'),
@@ -344,8 +327,7 @@ def _build(cur: Any, ops: str, pay: str, s: DemoSettings) -> None:
                amount_cents, IF(status = 'failed', 'declined', 'captured')
         FROM {pd}.orders ORDER BY order_id""",
     )
-    _exec(
-        cur,
+    cur.execute(
         f"""INSERT INTO {pd}.refunds (tenant_id, order_id, refunded_at, amount_cents, reason)
         SELECT tenant_id, order_id,
                TIMESTAMPADD(HOUR, 1 + CRC32(CONCAT('rf', order_id)) % 72, created_at),
@@ -353,8 +335,7 @@ def _build(cur: Any, ops: str, pay: str, s: DemoSettings) -> None:
                ELT(1 + CRC32(CONCAT('rr', order_id)) % 3, 'accidental', 'fraud', 'complaint')
         FROM {pd}.orders WHERE status = 'refunded' ORDER BY order_id""",
     )
-    _exec(
-        cur,
+    cur.execute(
         f"""INSERT INTO {pd}.agg_revenue_daily
         SELECT tenant_id, DATE(created_at), server_id, channel, COUNT(*),
                COUNT(DISTINCT player_id), SUM(amount_cents),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -290,8 +291,9 @@ class SqlExecutor:
         return judge(plan, limits)
 
     async def _run(
-        self, req: ExecuteRequest, timeout: float, gate: GateVerdict | None, decide: Any
-    ) -> Decision:
+        self, req: ExecuteRequest, timeout: float, gate: GateVerdict | None,
+        decide: Callable[..., Decision],
+    ) -> Decision:  # fmt: skip
         s = self.settings
         limits = RunLimits(
             timeout=timeout,
@@ -308,25 +310,20 @@ class SqlExecutor:
                     out = await run_select(
                         lease, req.canonical_sql, limits, self._watchdogs[req.tenant]
                     )
-                except (pymysql.err.MySQLError, OSError) as exc:
-                    lease.broken = True
-                    result: Decision = decide(
-                        "error", rule=rules.EXEC_DB_ERROR, code="db_error", reason=_db_reason(exc),
-                        gate=gate,
-                    )  # fmt: skip
-                    return result
+                except (pymysql.err.MySQLError, OSError):
+                    lease.broken = True  # the pool drops it on return
+                    raise
         except Busy as exc:
-            result = decide(
+            return decide(
                 "busy", rule=rules.POOL_BUSY, code="no_capacity", reason=exc.reason, gate=gate
             )
-            return result
-        # could not even connect (DbTlsError: the server stopped offering TLS since start-up)
+        # the statement failed in the driver, or could not even connect (DbTlsError: the
+        # server stopped offering TLS since start-up)
         except (pymysql.err.MySQLError, OSError, DbTlsError) as exc:
-            result = decide(
+            return decide(
                 "error", rule=rules.EXEC_DB_ERROR, code="db_error", reason=_db_reason(exc),
                 gate=gate,
             )  # fmt: skip
-            return result
         common: dict[str, Any] = {
             "db_duration": out.duration,
             "rows_examined": out.rows_examined,
@@ -334,7 +331,7 @@ class SqlExecutor:
             "kill_reason": out.kill_reason,
         }
         if out.killed:
-            result = decide(
+            return decide(
                 "killed",
                 rule=rules.EXEC_KILLED,
                 code="timeout",
@@ -343,9 +340,8 @@ class SqlExecutor:
                 gate=gate,
                 **common,
             )
-            return result
         if out.error is not None:
-            result = decide(
+            return decide(
                 "error",
                 rule=rules.EXEC_DB_ERROR,
                 code="db_error",
@@ -353,8 +349,7 @@ class SqlExecutor:
                 gate=gate,
                 **common,
             )
-            return result
-        result = decide(
+        return decide(
             "ok",
             gate=gate,
             columns=out.columns[:512],
@@ -362,7 +357,6 @@ class SqlExecutor:
             truncated=out.truncated,
             **common,
         )
-        return result
 
 
 def _db_reason(exc: BaseException) -> str:

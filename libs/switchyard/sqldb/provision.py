@@ -30,13 +30,11 @@ from typing import Any
 
 from switchyard.sqldb.admin import flavour_of
 from switchyard.sqldb.admin import quote_name as q
-from switchyard.sqldb.auditchain import ensure_chain_schema
+from switchyard.sqldb.auditchain import AUDIT_TABLE, ensure_chain_schema
 from switchyard.sqldb.catalog import TABLES
-from switchyard.sqldb.flavour import Flavour
 from switchyard.sqldb.naming import Naming, check_tenant
 from switchyard.sqlguard.policy import Policy, dump_policy
 
-AUDIT_TABLE = "sql_audit"
 AUDIT_DDL = """(
   id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
   at DATETIME(6) NOT NULL,
@@ -68,10 +66,6 @@ class ProvisionReport:
     flavour: str = ""
 
 
-def _exec(cur: Any, sql: str) -> None:
-    cur.execute(sql)
-
-
 _ACCOUNT_PART = re.compile(r"^[A-Za-z0-9_.%:-]{1,80}$")
 
 
@@ -88,17 +82,19 @@ def _require(require_ssl: bool) -> str:
 
 
 def ensure_user(
-    cur: Any, flavour: Flavour, user: str, host: str, password: str, limits: str,
-    require_ssl: bool = False,
+    cur: Any, user: str, host: str, password: str, limits: str, require_ssl: bool = False,
+    *, revoke: bool = True,
 ) -> str:  # fmt: skip
-    """Create or reset an account with no privileges at all; returns its `'u'@'h'`."""
+    """Create or reset an account (with `revoke`, left with no privileges at all); returns
+    its `'u'@'h'`."""
     account = _account(user, host)
     # Literal, not a driver parameter: the host may be '%', which the driver would format.
     secret = cur.connection.escape(password)
-    _exec(cur, f"CREATE USER IF NOT EXISTS {account} IDENTIFIED BY {secret}")
-    _exec(cur, f"ALTER USER {account} IDENTIFIED BY {secret} {_require(require_ssl)} {limits}")
-    # Whatever it may have been granted before (by us or by hand) goes first.
-    _exec(cur, f"REVOKE ALL PRIVILEGES, GRANT OPTION FROM {account}")
+    cur.execute(f"CREATE USER IF NOT EXISTS {account} IDENTIFIED BY {secret}")
+    cur.execute(f"ALTER USER {account} IDENTIFIED BY {secret} {_require(require_ssl)} {limits}")
+    if revoke:
+        # Whatever it may have been granted before (by us or by hand) goes first.
+        cur.execute(f"REVOKE ALL PRIVILEGES, GRANT OPTION FROM {account}")
     return account
 
 
@@ -142,19 +138,17 @@ def provision_tenant(
     schema, user = naming.tenant_schema(tenant), naming.tenant_user(tenant)
     report = ProvisionReport(tenant, schema, user, flavour=f"{flavour.name} {flavour.version}")
     with conn.cursor() as cur:
-        _exec(cur, f"CREATE DATABASE IF NOT EXISTS {q(schema)} CHARACTER SET utf8mb4")
+        cur.execute(f"CREATE DATABASE IF NOT EXISTS {q(schema)} CHARACTER SET utf8mb4")
         for name, select in tenant_views(naming, tenant):
             # MERGE keeps the tenant filter inside the caller's query (indexes apply);
             # DEFINER security lets the view read a base table its reader cannot.
-            _exec(
-                cur,
+            cur.execute(
                 f"CREATE OR REPLACE ALGORITHM=MERGE SQL SECURITY DEFINER "
                 f"VIEW {q(schema)}.{q(name)} AS {select}",
             )
             report.views.append(f"{schema}.{name}")
         account = ensure_user(
             cur,
-            flavour,
             user,
             host,
             naming.password(user),
@@ -162,7 +156,7 @@ def provision_tenant(
             require_ssl,
         )
         for name, _ in tenant_views(naming, tenant):
-            _exec(cur, f"GRANT SELECT ON {q(schema)}.{q(name)} TO {account}")
+            cur.execute(f"GRANT SELECT ON {q(schema)}.{q(name)} TO {account}")
         planner = ensure_planner(
             conn,
             naming,
@@ -172,7 +166,7 @@ def provision_tenant(
             require_ssl=require_ssl,
         )
         for name, _ in tenant_views(naming, tenant):
-            _exec(cur, f"GRANT SELECT, SHOW VIEW ON {q(schema)}.{q(name)} TO {planner}")
+            cur.execute(f"GRANT SELECT, SHOW VIEW ON {q(schema)}.{q(name)} TO {planner}")
     if policy_dir is not None:
         policy_dir.mkdir(parents=True, exist_ok=True)
         path = policy_dir / f"{tenant}.yaml"
@@ -188,18 +182,14 @@ def ensure_planner(
     """The EXPLAIN-only account; its grants on tenant views are added per tenant."""
     flavour = flavour_of(conn)
     user = naming.planner_user
-    account = _account(user, host)
     with conn.cursor() as cur:
-        secret = cur.connection.escape(naming.password(user))
-        _exec(cur, f"CREATE USER IF NOT EXISTS {account} IDENTIFIED BY {secret}")
-        _exec(
-            cur,
-            f"ALTER USER {account} IDENTIFIED BY {secret} {_require(require_ssl)} "
-            f"{flavour.user_limits(max_connections, seconds)}",
-        )
+        # No REVOKE: it keeps the grants on every tenant's views made so far.
+        account = ensure_user(cur, user, host, naming.password(user),
+                              flavour.user_limits(max_connections, seconds), require_ssl,
+                              revoke=False)  # fmt: skip
         for spec in TABLES:
             db = naming.ops_db if spec.db == "ops" else naming.pay_db
-            _exec(cur, f"GRANT SELECT ON {q(db)}.{q(spec.name)} TO {account}")
+            cur.execute(f"GRANT SELECT ON {q(db)}.{q(spec.name)} TO {account}")
     return account
 
 
@@ -212,33 +202,32 @@ def provision_auditor(
     flavour = flavour_of(conn)
     user = naming.auditor_user
     with conn.cursor() as cur:
-        _exec(cur, f"CREATE DATABASE IF NOT EXISTS {q(audit_db)} CHARACTER SET utf8mb4")
-        _exec(cur, f"CREATE TABLE IF NOT EXISTS {q(audit_db)}.{q(AUDIT_TABLE)} {AUDIT_DDL}")
+        cur.execute(f"CREATE DATABASE IF NOT EXISTS {q(audit_db)} CHARACTER SET utf8mb4")
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {q(audit_db)}.{q(AUDIT_TABLE)} {AUDIT_DDL}")
     ensure_chain_schema(conn, audit_db)  # event id key, hash chain columns, head, trigger
     with conn.cursor() as cur:
         account = ensure_user(
             cur,
-            flavour,
             user,
             host,
             password or naming.password(user),
             flavour.user_limits(4, 10),
             require_ssl,
         )
-        _exec(cur, f"GRANT INSERT ON {q(audit_db)}.{q(AUDIT_TABLE)} TO {account}")
+        cur.execute(f"GRANT INSERT ON {q(audit_db)}.{q(AUDIT_TABLE)} TO {account}")
     return account
 
 
 def deprovision_tenant(conn: Any, naming: Naming, tenant: str, *, host: str) -> None:
     """Remove a tenant's account and schema (the schema holds only our views)."""
     with conn.cursor() as cur:
-        _exec(cur, f"DROP USER IF EXISTS {_account(naming.tenant_user(tenant), host)}")
-        _exec(cur, f"DROP DATABASE IF EXISTS {q(naming.tenant_schema(tenant))}")
+        cur.execute(f"DROP USER IF EXISTS {_account(naming.tenant_user(tenant), host)}")
+        cur.execute(f"DROP DATABASE IF EXISTS {q(naming.tenant_schema(tenant))}")
 
 
 def drop_service_accounts(conn: Any, naming: Naming, *, host: str, audit_db: str | None) -> None:
     with conn.cursor() as cur:
-        _exec(cur, f"DROP USER IF EXISTS {_account(naming.planner_user, host)}")
-        _exec(cur, f"DROP USER IF EXISTS {_account(naming.auditor_user, host)}")
+        cur.execute(f"DROP USER IF EXISTS {_account(naming.planner_user, host)}")
+        cur.execute(f"DROP USER IF EXISTS {_account(naming.auditor_user, host)}")
         if audit_db:
-            _exec(cur, f"DROP DATABASE IF EXISTS {q(audit_db)}")
+            cur.execute(f"DROP DATABASE IF EXISTS {q(audit_db)}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 
@@ -23,7 +23,6 @@ class Verdict:
     checks: tuple[str, ...] = ()
     tables: tuple[str, ...] = ()
     limit_action: Literal["injected", "clamped"] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def as_line(self) -> dict[str, Any]:
         """The JSON object `sy sql check` prints for this verdict."""

@@ -26,8 +26,6 @@ class TtlCache(Generic[V]):
         self.ttl = ttl
         self.capacity = capacity
         self._items: OrderedDict[tuple[str, ...], tuple[float, V]] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
 
     def get(self, key: tuple[str, ...], now: float | None = None) -> V | None:
         now = time.monotonic() if now is None else now
@@ -35,10 +33,8 @@ class TtlCache(Generic[V]):
         if item is None or item[0] <= now:
             if item is not None:
                 del self._items[key]
-            self.misses += 1
             return None
         self._items.move_to_end(key)
-        self.hits += 1
         return item[1]
 
     def put(self, key: tuple[str, ...], value: V, now: float | None = None) -> None:
@@ -49,10 +45,6 @@ class TtlCache(Generic[V]):
         self._items.move_to_end(key)
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
-
-    def forget_tenant(self, tenant: str) -> None:
-        for key in [k for k in self._items if k[0] == tenant]:
-            del self._items[key]
 
     def __len__(self) -> int:
         return len(self._items)

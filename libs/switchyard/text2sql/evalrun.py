@@ -10,6 +10,7 @@ and every statement, gold or predicted, goes through the validator and executor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import time
@@ -70,7 +71,7 @@ async def evaluate(
     with tempfile.TemporaryDirectory(prefix="sy-eval-") as tmp:
         removed = guarded_copy(knowledge_dir, tenant, items, Path(tmp) / "knowledge")
         index = KnowledgeIndex(shared_embedder(), path=Path(tmp) / "index")
-        try:
+        with contextlib.closing(index):
             pipeline = Pipeline(bus, KnowledgeStore(Path(tmp) / "knowledge"), policies, index,
                                 FleetModel(bus, pool=pool), guard, options)  # fmt: skip
 
@@ -94,8 +95,6 @@ async def evaluate(
             gold = _gold_runner(guard, tenant, database)
 
             report = await run_evaluation(items, answer, gold, concurrency=concurrency)
-        finally:
-            index.close()
     return report, removed
 
 
@@ -129,8 +128,7 @@ async def probe_semantic_cache(
                                     _database(PolicyStore(policy_dir), tenant)))  # fmt: skip
     vocabulary = vocabulary_for(KnowledgeStore(knowledge_dir).load(tenant))
     probe = CacheProbe(threshold)
-    index = KnowledgeIndex(shared_embedder(), location=":memory:")
-    try:
+    with contextlib.closing(KnowledgeIndex(shared_embedder(), location=":memory:")) as index:
         for item in items:
             probe.asked += 1
             found = await asyncio.to_thread(
@@ -146,26 +144,19 @@ async def probe_semantic_cache(
             await asyncio.to_thread(
                 index.add, tenant, "answer", item.id, item.question, {"sql": item.gold[0]}
             )
-    finally:
-        index.close()
     return probe
 
 
 @dataclass
-class VerifiedProbe:
+class VerifiedProbe(CacheProbe):
     """How the verified-query match does on an evaluation set, without a model.
 
     An item is `reachable` when one of the tenant's verified queries returns its
     gold rows (a rewording, or a twin in another language, of a verified question);
     a hit is right when the reused SQL returns the item's gold rows."""
 
-    threshold: float
-    asked: int = 0
     reachable: int = 0
-    hits: int = 0
-    false_hits: int = 0
     missed: list[tuple[str, str, float]] = field(default_factory=list)  # reachable, not hit
-    examples: list[tuple[str, str, float, bool]] = field(default_factory=list)
 
     @property
     def recall(self) -> float:
@@ -185,8 +176,7 @@ async def probe_verified(
     vocabulary = vocabulary_for(knowledge)
     verified = {q.id: q for q in knowledge.verified}
     probe = VerifiedProbe(threshold)
-    index = KnowledgeIndex(shared_embedder(), location=":memory:")
-    try:
+    with contextlib.closing(KnowledgeIndex(shared_embedder(), location=":memory:")) as index:
         await asyncio.to_thread(index.sync, knowledge)
         for item in items:
             probe.asked += 1
@@ -212,8 +202,6 @@ async def probe_verified(
                 probe.missed.append(
                     (item.question, reachable[0].question, best.score if best else 0.0)
                 )
-    finally:
-        index.close()
     return probe
 
 

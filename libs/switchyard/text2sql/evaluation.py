@@ -469,16 +469,13 @@ def render_report(report: EvalReport) -> Group:
         )
     )
     if report.ungrounded_summaries:
-        stray = Table(title="ungrounded summaries", title_justify="left")
-        for name in ("item", "summary", "absent from the facts"):
-            stray.add_column(name)
+        stray = Table("item", "summary", "absent from the facts", title="ungrounded summaries",
+                      title_justify="left")  # fmt: skip
         for o in report.ungrounded_summaries:
             stray.add_row(o.item.id, o.prediction.summary or "", ", ".join(o.ungrounded))
         parts.append(stray)
     if report.gold_errors:
-        broken = Table(title="gold statements that failed", title_justify="left")
-        broken.add_column("item")
-        broken.add_column("error")
+        broken = Table("item", "error", title="gold statements that failed", title_justify="left")
         for o in report.gold_errors:
             broken.add_row(o.item.id, o.gold_error or "")
         parts.append(broken)

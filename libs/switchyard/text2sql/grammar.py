@@ -93,7 +93,6 @@ from switchyard.sqlguard.validator import DIALECT
 
 # Columns that link two views: a join may match on them, and only on them.
 DEFAULT_JOIN_KEYS = ("player_id", "server_id", "order_id", "day", "region_id", "tier_id")
-MAX_LIMIT = 1000
 # Views one statement may read (two JOINs). A fourth would multiply the scopes again.
 MAX_JOIN_VIEWS = 3
 # How many views a grammar covers (choose_views): by default, and at most. Measured
@@ -540,7 +539,7 @@ def _alias_rules() -> list[str]:
             if longer in prefixes:  # a proper prefix of a refused word: more trie
                 tail = f"alias-{longer}" + ("" if longer in ALIAS_REFUSED else "?")
             else:  # a refused word itself (no refused word extends it): must go on
-                tail = _free(len(longer), at_least_one=True)
+                tail = f"[{ALIAS_CHARS}]{{1,{ALIAS_MAX - len(longer)}}}"
             alts.append(f'"{ch}" {tail}'.rstrip())
         others = "".join(c for c in ALIAS_CHARS if c not in nexts)
         rest = ALIAS_MAX - len(prefix) - 1
@@ -548,12 +547,6 @@ def _alias_rules() -> list[str]:
         name = "alias" if not prefix else f"alias-{prefix}"
         rules.append(f"{name} ::= " + " | ".join(alts))
     return rules
-
-
-def _free(length: int, *, at_least_one: bool) -> str:
-    rest = ALIAS_MAX - length
-    low = 1 if at_least_one else 0
-    return f"[{ALIAS_CHARS}]{{{low},{rest}}}"
 
 
 def _ident(name: str) -> str:

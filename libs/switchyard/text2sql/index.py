@@ -33,7 +33,7 @@ from typing import Any, Literal, TypeVar, get_args
 from qdrant_client import QdrantClient, models
 
 from switchyard.errors import ErrorCode, SwitchyardError
-from switchyard.text2sql.embedding import DIM, Embedder, Role
+from switchyard.text2sql.embedding import DIM, Embedder, Role, shared_embedder
 from switchyard.text2sql.knowledge import TENANT_RE, TenantKnowledge
 
 ItemKind = Literal["view", "semantics", "metric", "verified", "answer"]
@@ -309,22 +309,6 @@ class KnowledgeIndex:
                 self._queries.popitem(last=False)
         return vector
 
-    def forget(self, tenant: str, kinds: Sequence[ItemKind] | None = None) -> None:
-        """Delete the tenant's items (of `kinds`, or all of them)."""
-        _check_tenant(tenant)
-        if kinds is not None:
-            _check_kinds(kinds)
-        selected: list[str] = list(ITEM_KINDS if kinds is None else kinds)
-        # Forgetting any synced kind drops the version marker, so the next sync restores it.
-        if kinds is None or set(selected) & set(SYNCED_KINDS):
-            selected.append(_MARKER_KIND)
-        if not selected:
-            return
-        with self._lock:
-            self._client.delete(
-                self._collection, models.FilterSelector(filter=_tenant_filter(tenant, selected))
-            )
-
     def close(self) -> None:
         with self._lock:
             self._client.close()
@@ -342,6 +326,13 @@ class KnowledgeIndex:
         body = {k: v for k, v in item.payload.items() if k not in _RESERVED}
         fixed = {"tenant": tenant, "kind": item.kind, "ref": item.ref, "text": item.text}
         return {**body, **fixed, "embedder": self._embedder.name}
+
+
+def open_index(path: Path, url: str | None = None) -> KnowledgeIndex:
+    """The index on the Qdrant server at `url`, else the embedded one at `path`."""
+    if url:
+        return KnowledgeIndex(shared_embedder(), url=url)
+    return KnowledgeIndex(shared_embedder(), path=path)
 
 
 _T = TypeVar("_T")

@@ -327,9 +327,10 @@ def _read_yaml(path: Path, required: bool = True) -> dict[str, Any]:
     return data
 
 
-def _parse(model: type[_M], path: Path, data: dict[str, Any]) -> _M:
+def _load(model: type[_M], path: Path, required: bool = True) -> _M:
+    """The YAML file at `path` as a `model`; an absent file that is not `required` as {}."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(_read_yaml(path, required))
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
@@ -364,16 +365,6 @@ class KnowledgeStore:
         self._cache: dict[str, tuple[_Signature, TenantKnowledge]] = {}
         self._lock = threading.Lock()
 
-    def tenants(self) -> list[str]:
-        base = self.root / "tenants"
-        if not base.is_dir():
-            return []
-        return sorted(
-            p.name
-            for p in base.iterdir()
-            if TENANT_RE.match(p.name) and (p / "knowledge.yaml").is_file()
-        )
-
     def load(self, tenant: str) -> TenantKnowledge:
         tdir = self._tenant_dir(tenant)
         tenant_file = tdir / "knowledge.yaml"
@@ -386,7 +377,7 @@ class KnowledgeStore:
         # Stat before reading: an edit landing mid-read then shows up as a changed
         # signature on the next load instead of being cached as current.
         first = _stat(tenant_file)
-        config = _parse(_TenantFile, tenant_file, _read_yaml(tenant_file))
+        config = _load(_TenantFile, tenant_file)
         signature = (first, *self._signature(tdir, config.pack)[1:])
         knowledge = self._read(tenant, tdir, config)
         with self._lock:
@@ -446,12 +437,9 @@ class KnowledgeStore:
         pdir = self._pack_dir(config.pack)
         if not pdir.is_dir():
             raise KnowledgeError(f"{tdir / 'knowledge.yaml'}: pack: no pack {config.pack!r}")
-        schema_path = pdir / "schema.yaml"
-        schema = _parse(_SchemaFile, schema_path, _read_yaml(schema_path))
-        metrics_path = pdir / "metrics.yaml"
-        metrics = _parse(_MetricsFile, metrics_path, _read_yaml(metrics_path, required=False))
-        terms_path = pdir / "terms.yaml"
-        terms = _parse(_TermsFile, terms_path, _read_yaml(terms_path, required=False))
+        schema = _load(_SchemaFile, pdir / "schema.yaml")
+        metrics = _load(_MetricsFile, pdir / "metrics.yaml", required=False)
+        terms = _load(_TermsFile, pdir / "terms.yaml", required=False)
         try:
             semantics = (pdir / "semantics.md").read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -485,7 +473,7 @@ class KnowledgeStore:
         )
 
     def _verified(self, path: Path) -> list[VerifiedQuery]:
-        return _parse(_VerifiedFile, path, _read_yaml(path, required=False)).queries
+        return _load(_VerifiedFile, path, required=False).queries
 
     @contextmanager
     def _locked(self, tenant: str) -> Iterator[Path]:

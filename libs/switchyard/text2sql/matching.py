@@ -88,10 +88,6 @@ def _numbers(question: str) -> set[str]:
     return found
 
 
-def same_specifics(question: str, stored: str, vocabulary: Vocabulary) -> bool:
-    return specifics(question, vocabulary) == specifics(stored, vocabulary)
-
-
 def reusable(
     question: str, stored: str, score: float, threshold: float, vocabulary: Vocabulary
 ) -> bool:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from switchyard.bus.connection import Bus
-from switchyard.errors import SwitchyardError
+from switchyard.errors import ErrorCode, SwitchyardError
 from switchyard.logging import get_logger
 from switchyard.messages.inference import ChoiceConstraint, ErrorInfo, GrammarConstraint
 from switchyard.messages.sql import (
@@ -216,7 +216,7 @@ class Pipeline:
         try:
             run = await self._start(ask, emit, underway or Underway())
         except SwitchyardError as exc:
-            answer = _error_answer(ask, exc)
+            answer = error_answer(ask, exc.code, exc.reason[:4096])
         else:
             try:
                 answer = await self._answer(run)
@@ -627,10 +627,11 @@ def _info(exc: SwitchyardError) -> ErrorInfo:
     return ErrorInfo(code=exc.code, reason=exc.reason[:4096])
 
 
-def _error_answer(ask: SqlAsk, exc: SwitchyardError) -> SqlAnswer:
+def error_answer(ask: SqlAsk, code: ErrorCode, reason: str) -> SqlAnswer:
+    """The answer of a question that failed outside a `Run` (no stages): `code`, `reason`."""
     return SqlAnswer(
         tenant=ask.tenant, trace=ask.trace, request_id=ask.id, question=ask.question,
-        status="error", path="error", error=_info(exc),
+        status="error", path="error", error=ErrorInfo(code=code, reason=reason),
     )  # fmt: skip
 
 
