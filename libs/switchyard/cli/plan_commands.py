@@ -13,7 +13,6 @@ from typing import Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
 from switchyard.capacity import (
@@ -49,10 +48,8 @@ from switchyard.capacity.roles import (
     best_split,
     split_ceilings,
 )
+from switchyard.cli import console, err
 from switchyard.fleet.spec import role_split
-
-console = Console()
-err_console = Console(stderr=True)
 
 # The flag behind each input field, where its name is not the flag's (`--<field>`).
 _FLAGS = {
@@ -361,7 +358,7 @@ def plan_cmd(
         _list_presets(as_json)
         return
     if precision not in PRECISIONS:
-        err_console.print(f"error: --precision: one of {', '.join(PRECISIONS)}")
+        err.print(f"error: --precision: one of {', '.join(PRECISIONS)}")
         raise typer.Exit(2)
     try:
         mfu, bw_efficiency, fp8_tflops = _efficiencies(gpu, precision, mfu, bw_efficiency)
@@ -388,14 +385,14 @@ def plan_cmd(
         )  # fmt: skip
         result = plan(request)
     except CapacityInputError as exc:  # ModelDoesNotFit included
-        err_console.print(f"error: {exc.reason}", soft_wrap=True)
+        err.print(f"error: {exc.reason}", soft_wrap=True)
         raise typer.Exit(2) from None
     except ValidationError as exc:
         for e in exc.errors():
             # A cross-field check has no field of its own: its message names the inputs.
             msg = e["msg"].removeprefix("Value error, ")
             where = f"{_flag(e['loc'])}: " if e["loc"] else ""
-            err_console.print(f"error: {where}{msg}", soft_wrap=True)
+            err.print(f"error: {where}{msg}", soft_wrap=True)
         raise typer.Exit(2) from None
     if as_json:
         extra = {"roles": splits.as_dict()} if splits is not None else {}

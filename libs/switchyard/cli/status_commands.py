@@ -6,16 +6,15 @@ import json
 import time
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from switchyard.bus.kvread import KvUnreadable, latest_values
 from switchyard.bus.topology import WORKERS_BUCKET
+from switchyard.cli import console
 from switchyard.cli.bus_commands import NatsUrl, _settings, cli_connect, run_or_exit
 from switchyard.errors import SwitchyardError
 from switchyard.messages.fleet import WorkerHeartbeat
 
-console = Console()
 READ_TIMEOUT = 5.0  # s: a one-shot command may wait longer than the console's poll
 
 
