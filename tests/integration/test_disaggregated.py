@@ -22,11 +22,12 @@ from pathlib import Path
 
 import yaml
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from prometheus_client import REGISTRY
 
 from switchyard.bench.agentsim import AgentSimConfig, play, summarise
 from switchyard.bench.stats import percentile
-from switchyard.bus.connection import connect
+from switchyard.bus.connection import Bus, connect
 from switchyard.bus.publish import publish
 from switchyard.bus.tokenstream import TokenStreamReader
 from switchyard.bus.topology import TopologySettings
@@ -153,6 +154,25 @@ async def test_a_colocated_worker_computes_the_prompt_itself(nats_url: str) -> N
     assert handoffs() == before
 
 
+def drill_env(pool: str, parts: int) -> dict[str, str]:
+    """A drill's worker processes: sim engines in real time, partitions from the router."""
+    return {"SY_ASSIGNMENT": "kv", "SY_POOL": pool, "SY_ENGINE": "sim",
+            "SY_PARTITIONS": str(parts), "SY_SIM_DELAY_SCALE": "1"}  # fmt: skip
+
+
+async def results_heard(
+    bus: Bus, subject: str
+) -> tuple[Counter[str], JetStreamContext.PushSubscription]:
+    """How many times each request's final appears on RES under `subject` (an ordered
+    consumer from now on), and the subscription to end."""
+    on_res: Counter[str] = Counter()
+
+    async def heard(msg: Msg) -> None:
+        on_res[decode(msg.data, GenerateResult).request_id] += 1
+
+    return on_res, await bus.js.subscribe(subject, cb=heard, ordered_consumer=True)
+
+
 async def test_kill_9_of_a_prefill_and_a_decode_worker_loses_nothing_and_answers_once(
     nats_url: str, tmp_path: Path
 ) -> None:
@@ -169,14 +189,8 @@ async def test_kill_9_of_a_prefill_and_a_decode_worker_loses_nothing_and_answers
     policy.write_text(yaml.safe_dump(
         {"default": {"itpm": 10**9, "otpm": 10**8, "max_queued_tokens": 10**9}}
     ))  # fmt: skip
-    env = {"SY_ASSIGNMENT": "kv", "SY_POOL": pool, "SY_ENGINE": "sim",
-           "SY_PARTITIONS": str(parts), "SY_SIM_DELAY_SCALE": "1"}  # fmt: skip
-    on_res: Counter[str] = Counter()
-
-    async def heard(msg: Msg) -> None:
-        on_res[decode(msg.data, GenerateResult).request_id] += 1
-
-    res_sub = await bus.js.subscribe(f"res.llm.{tenant}", cb=heard, ordered_consumer=True)
+    env = drill_env(pool, parts)
+    on_res, res_sub = await results_heard(bus, f"res.llm.{tenant}")
     finals: Counter[str] = Counter()
     answered: dict[str, tuple[float, GenerateResult]] = {}
     running: dict[str, set[str]] = {"decode": set()}
@@ -264,14 +278,8 @@ async def test_kill_9_of_a_prefill_and_a_decode_worker_under_phones_reports_the_
     tenant = f"pd{new_id().lower()[-8:]}"
     bus = await connect(Settings(nats_url=nats_url), "pytest-pd-agent-drill")
     await provision_pool(bus.js, pool, partitions=parts, ack_wait=TopologySettings().work_ack_wait)
-    env = {"SY_ASSIGNMENT": "kv", "SY_POOL": pool, "SY_ENGINE": "sim",
-           "SY_PARTITIONS": str(parts), "SY_SIM_DELAY_SCALE": "1"}  # fmt: skip
-    on_res: Counter[str] = Counter()
-
-    async def heard(msg: Msg) -> None:
-        on_res[decode(msg.data, GenerateResult).request_id] += 1
-
-    res_sub = await bus.js.subscribe(f"res.agent.{tenant}", cb=heard, ordered_consumer=True)
+    env = drill_env(pool, parts)
+    on_res, res_sub = await results_heard(bus, f"res.agent.{tenant}")
     roles = ("prefill", "prefill", "decode", "decode")
     try:
         async with contextlib.AsyncExitStack() as stack:
