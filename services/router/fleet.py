@@ -66,6 +66,11 @@ class Fleet:
                         log.warning("router.bad_heartbeat", worker=key, reason=exc.reason)
         self.workers = seen
 
+    def location(self, worker: str) -> str:
+        """Where `worker`'s GPU sits, as its last heartbeat says (empty: unknown)."""
+        beat = self.workers.get(worker)
+        return beat.topology if beat is not None else ""
+
     def heard_from(self, worker: str, at: float) -> None:
         """A result `worker` published was heard at `at`: it is alive."""
         self.heard[worker] = max(at, self.heard.get(worker, 0.0))

@@ -78,9 +78,9 @@ def delivery_partition(owned: list[int], key: str, partitions: int) -> int:
     return owned[fnv1a_32(key.encode()) % len(owned)]
 
 
-def _distances_from(kv_at: str, located: dict[str, str]) -> Callable[[str], int]:
+def _distances_from(kv_at: str, location: Callable[[str], str]) -> Callable[[str], int]:
     """A worker's distance (scheduling/links.py) from where a decode stage's KV is."""
-    return lambda worker: distance(kv_at, located.get(worker, ""))
+    return lambda worker: distance(kv_at, location(worker))
 
 
 def work_msg_id(req: GenerateRequest) -> str:
@@ -427,16 +427,15 @@ class Router:
                                 ) -> bool:  # fmt: skip
         """Dispatch the decode stages waiting here, oldest first, each to a decode worker of
         its pool with credit (sticky per session). False: the bus refused a publish."""
-        located = {worker: hb.topology for worker, hb in self.fleet.workers.items()}
         for queued in list(self.decoding.values()):
             req = queued.req
             workers = decoders.get(req.pool, {})
             session = route_id(req.tenant, req.session) if req.session else None
             # The KV is on the prefill worker: the nearest decode worker its load allows.
-            kv_at = located.get(req.handoff.worker, "") if req.handoff is not None else ""
+            kv_at = self.fleet.location(req.handoff.worker) if req.handoff is not None else ""
             decision = self.decode_affinity[req.pool].choose(
                 list(workers.values()), 0, req.sampling.max_tokens, session, [], now,
-                req.kv_window_tokens, _distances_from(kv_at, located),
+                req.kv_window_tokens, _distances_from(kv_at, self.fleet.location),
             )  # fmt: skip
             if decision is None or not workers[decision.worker].has_credit:
                 continue
@@ -445,7 +444,7 @@ class Router:
             if sent is None:
                 return False
             if sent:
-                link = link_class(kv_at, located.get(decision.worker, ""))
+                link = link_class(kv_at, self.fleet.location(decision.worker))
                 metrics.DECODE_REQUESTS.labels(req.pool, link).inc()
                 was = workers[decision.worker]
                 workers[decision.worker] = dataclasses.replace(

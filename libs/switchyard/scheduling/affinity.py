@@ -448,7 +448,7 @@ class Affinity:
     def _best(
         self, free: list[WorkerLoad], prompt: int, output: int, blocks: Sequence[Block],
         now: float, key: str, new_session: bool, away: str | None,
-        near: Callable[[str], int] | None = None,
+        near: Callable[[str], int] | None,
     ) -> tuple[WorkerLoad, float] | None:  # fmt: skip
         """The cheapest worker (see the module docstring; the nearest first, given `near`)
         and the load it would take on."""
