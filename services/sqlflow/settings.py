@@ -7,18 +7,18 @@ the validator and the executor.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field
 
 from switchyard.config import Settings
 from switchyard.messages.sql import KEEPALIVE_INTERVAL
-from switchyard.text2sql.grammar import GRAMMAR_VIEWS, MAX_GRAMMAR_VIEWS
-from switchyard.text2sql.matching import SEMANTIC_THRESHOLD, VERIFIED_THRESHOLD
 from switchyard.text2sql.pipeline import FlowOptions
 
 
-class SqlflowSettings(Settings):
+class SqlflowSettings(Settings, FlowOptions):
+    """The service's own settings; the pipeline's knobs (`FlowOptions`) come with it."""
+
     service_name: ClassVar[str] = "sqlflow"
     knowledge_dir: Path = Path("deploy/knowledge")
     # Qdrant: embedded at this path by default; a server when `qdrant_url` is set.
@@ -41,36 +41,5 @@ class SqlflowSettings(Settings):
     guard_timeout: float = Field(default=20.0, gt=0)
     drain_timeout: float = Field(default=30.0, gt=0)
 
-    # --- the pipeline (see switchyard.text2sql.pipeline) ---
-    # Cosines a stored question needs, besides the same specifics (text2sql.matching).
-    verified_threshold: float = Field(default=VERIFIED_THRESHOLD, gt=0, le=1)
-    semantic_cache: bool = False
-    semantic_threshold: float = Field(default=SEMANTIC_THRESHOLD, gt=0, le=1)
-    # Off (SY_GENERATION=false): only verified queries and metrics answer; any other
-    # question gets the nearest of them offered back, and no model writes SQL.
-    generation: bool = True
-    # "auto": the whole schema when it fits `context_budget_tokens`, retrieval otherwise.
-    scope: Literal["auto", "full", "retrieval"] = "auto"
-    context_budget_tokens: int = Field(default=1200, ge=64)
-    retrieval_views: int = Field(default=4, ge=1, le=64)
-    # The most views the generation grammar covers: those the question needs
-    # (switchyard.text2sql.grammar.choose_views); its size grows with their joins.
-    grammar_views: int = Field(default=GRAMMAR_VIEWS, ge=1, le=MAX_GRAMMAR_VIEWS)
-    few_shots: int = Field(default=2, ge=0, le=16)
-    sql_max_tokens: int = Field(default=200, ge=16, le=4096)
-    summary: bool = True
-    summary_max_tokens: int = Field(default=60, ge=8, le=1024)
-    # Who writes the summary (SY_SUMMARY_SOURCE). "template": a sentence from the
-    # result's facts, exact and in microseconds; the default, because the CPU model
-    # needs ~7 s for one sentence (longer than the rest of the answer). "model": the
-    # model rephrases it (a GPU model, e.g. Qwen2.5-7B); a rephrasing that states a
-    # number, date or name not among the facts is replaced by the template sentence.
-    summary_source: Literal["template", "model"] = "template"
-    # Off: the summary model sees the result's shape and aggregates, never its rows.
-    rows_to_model: bool = False
-    exact_cache_ttl: float = Field(default=300.0, ge=0)
-    result_cache_ttl: float = Field(default=60.0, ge=0)
-
     def flow_options(self) -> FlowOptions:
-        names = FlowOptions.__dataclass_fields__
-        return FlowOptions(**{n: getattr(self, n) for n in names if hasattr(self, n)})
+        return FlowOptions(**self.model_dump(include=set(FlowOptions.model_fields)))

@@ -21,10 +21,11 @@ from switchyard.messages.deadletter import DeadLetter
 from switchyard.messages.inference import Cancel, GenerateRequest, GenerateResult
 from switchyard.messages.sql import AuditEvent, ExecuteReply, SqlAnswer, SqlAsk, StageProgress
 from switchyard.sqlguard import validate
-from switchyard.text2sql.client import ask_question, stream_answer
+from switchyard.text2sql.client import stream_answer
 from switchyard.text2sql.knowledge import KnowledgeStore
 from tests.support.fleet import heartbeat
 from tests.support.poll import until
+from tests.support.sqlask import ask_question
 from tests.support.sqlenv import SqlEnv
 from tests.support.sqlflow import KNOWLEDGE, text2sql_fleet
 

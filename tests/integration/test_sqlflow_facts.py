@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from switchyard.bus.connection import Bus
-from switchyard.text2sql.client import ask_question
 from switchyard.text2sql.facts import template_summary, ungrounded
 from switchyard.text2sql.knowledge import KnowledgeStore
+from tests.support.sqlask import ask_question
 from tests.support.sqlenv import SqlEnv
 from tests.support.sqlflow import KNOWLEDGE, text2sql_fleet
 

@@ -19,11 +19,11 @@ from switchyard.codec import decode
 from switchyard.messages.sql import AuditEvent, ExecuteReply, SqlAnswer, StageEvent
 from switchyard.sqldb import executor as executor_module
 from switchyard.sqldb import runner
-from switchyard.text2sql.client import ask_question
 from switchyard.text2sql.knowledge import KnowledgeStore
 from switchyard.text2sql.pipeline import NOT_GENERATED
 from switchyard.tracing import new_traceparent
 from tests.support.fleet import provision_pool
+from tests.support.sqlask import ask_question
 from tests.support.sqlenv import SqlEnv
 from tests.support.sqlflow import KNOWLEDGE, sqlflow_in_process
 from tests.support.sqlservices import sql_services

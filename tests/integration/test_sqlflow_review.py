@@ -8,13 +8,13 @@ import shutil
 from pathlib import Path
 
 from switchyard.bus.connection import Bus
-from switchyard.text2sql.client import ask_question
 from switchyard.text2sql.evalrun import evaluate, guarded_copy
 from switchyard.text2sql.evaluation import EvalSet
 from switchyard.text2sql.knowledge import KnowledgeStore
 from switchyard.text2sql.pipeline import FlowOptions
 from switchyard.text2sql.review import promote, recent_answers, unqualified
 from tests.conftest import REPO
+from tests.support.sqlask import ask_question
 from tests.support.sqlenv import SqlEnv
 from tests.support.sqlflow import KNOWLEDGE, text2sql_fleet
 

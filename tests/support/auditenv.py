@@ -31,7 +31,8 @@ from switchyard.messages.sql import AuditEvent
 from switchyard.sqldb import auditchain
 from switchyard.sqldb.admin import connect_admin, dsn_params
 from switchyard.sqldb.naming import Naming
-from switchyard.sqldb.provision import drop_service_accounts, provision_auditor
+from switchyard.sqldb.provision import provision_auditor
+from tests.support.sqlenv import drop_service_accounts
 
 REPO = Path(__file__).resolve().parents[2]
 

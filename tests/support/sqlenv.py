@@ -19,13 +19,9 @@ import pymysql
 from switchyard.messages.sql import ExecuteRequest
 from switchyard.sqldb import demo
 from switchyard.sqldb.admin import connect_admin
+from switchyard.sqldb.admin import quote_name as q
 from switchyard.sqldb.naming import Naming
-from switchyard.sqldb.provision import (
-    deprovision_tenant,
-    drop_service_accounts,
-    provision_auditor,
-    provision_tenant,
-)
+from switchyard.sqldb.provision import _account, provision_auditor, provision_tenant
 from switchyard.sqldb.settings import DemoSettings, ExecutorConfig
 from switchyard.sqldb.tls import pymysql_tls
 from switchyard.sqlguard import PolicyStore, validate
@@ -164,3 +160,18 @@ def teardown(env: SqlEnv) -> None:
         demo.drop(conn, env.naming.ops_db, env.naming.pay_db)
     finally:
         conn.close()
+
+
+def deprovision_tenant(conn: Any, naming: Naming, tenant: str, *, host: str) -> None:
+    """Remove a tenant's account and schema (the schema holds only our views)."""
+    with conn.cursor() as cur:
+        cur.execute(f"DROP USER IF EXISTS {_account(naming.tenant_user(tenant), host)}")
+        cur.execute(f"DROP DATABASE IF EXISTS {q(naming.tenant_schema(tenant))}")
+
+
+def drop_service_accounts(conn: Any, naming: Naming, *, host: str, audit_db: str | None) -> None:
+    with conn.cursor() as cur:
+        cur.execute(f"DROP USER IF EXISTS {_account(naming.planner_user, host)}")
+        cur.execute(f"DROP USER IF EXISTS {_account(naming.auditor_user, host)}")
+        if audit_db:
+            cur.execute(f"DROP DATABASE IF EXISTS {q(audit_db)}")

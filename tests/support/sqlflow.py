@@ -3,6 +3,7 @@ worker on the `sql` pool, and sqlflow, on the session's NATS and the private Mar
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -10,11 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nats.js import JetStreamContext
+
 from services.sqlflow.service import DURABLE, run_sqlflow
 from services.sqlflow.settings import SqlflowSettings
 from switchyard.bus.connection import Bus
+from switchyard.fleet.errors import NotReady
 from switchyard.fleet.inproc import running
-from switchyard.fleet.readiness import PoolReady, wait_for_pools, wait_for_pull
+from switchyard.fleet.readiness import POLL, Check, PoolReady, wait_for_pools
 from switchyard.text2sql.embedding import shared_embedder
 from switchyard.text2sql.index import KnowledgeIndex
 from tests.conftest import REPO
@@ -23,6 +27,21 @@ from tests.support.sqlenv import SqlEnv
 from tests.support.sqlservices import sql_services
 
 KNOWLEDGE = REPO / "deploy" / "knowledge"
+
+
+async def wait_for_pull(
+    js: JetStreamContext, stream: str, durable: str, *, timeout: float, check: Check
+) -> None:
+    """Until the service behind `durable` has a pull request waiting: it is consuming."""
+    deadline = time.monotonic() + timeout
+    while True:
+        check()
+        info = await js.consumer_info(stream, durable)
+        if info.num_waiting:
+            return
+        if time.monotonic() > deadline:
+            raise NotReady(f"nothing pulled from {stream}/{durable} within {timeout:.0f} s")
+        await asyncio.sleep(POLL)
 
 
 @dataclass

@@ -295,7 +295,7 @@ def register(sql: typer.Typer) -> None:
             return
         options = FlowOptions(
             semantic_cache=semantic_cache, semantic_threshold=semantic_threshold,
-            scope=scope, summary_source="template", generation=generation,  # type: ignore[arg-type]
+            scope=scope, summary_source="template", generation=generation,
         )  # fmt: skip
 
         async def run() -> Any:

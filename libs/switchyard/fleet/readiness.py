@@ -177,21 +177,6 @@ async def _owner(kv: KeyValue, pool: str, partition: int) -> str | None:
     return None
 
 
-async def wait_for_pull(
-    js: JetStreamContext, stream: str, durable: str, *, timeout: float, check: Check = _nothing
-) -> None:
-    """Until the service behind `durable` has a pull request waiting: it is consuming."""
-    deadline = time.monotonic() + timeout
-    while True:
-        check()
-        info = await js.consumer_info(stream, durable)
-        if info.num_waiting:
-            return
-        if time.monotonic() > deadline:
-            raise NotReady(f"nothing pulled from {stream}/{durable} within {timeout:.0f} s")
-        await asyncio.sleep(POLL)
-
-
 async def wait_for_responder(
     nc: Client, subject: str, *, timeout: float, check: Check = _nothing
 ) -> None:

@@ -216,18 +216,3 @@ def provision_auditor(
         )
         cur.execute(f"GRANT INSERT ON {q(audit_db)}.{q(AUDIT_TABLE)} TO {account}")
     return account
-
-
-def deprovision_tenant(conn: Any, naming: Naming, tenant: str, *, host: str) -> None:
-    """Remove a tenant's account and schema (the schema holds only our views)."""
-    with conn.cursor() as cur:
-        cur.execute(f"DROP USER IF EXISTS {_account(naming.tenant_user(tenant), host)}")
-        cur.execute(f"DROP DATABASE IF EXISTS {q(naming.tenant_schema(tenant))}")
-
-
-def drop_service_accounts(conn: Any, naming: Naming, *, host: str, audit_db: str | None) -> None:
-    with conn.cursor() as cur:
-        cur.execute(f"DROP USER IF EXISTS {_account(naming.planner_user, host)}")
-        cur.execute(f"DROP USER IF EXISTS {_account(naming.auditor_user, host)}")
-        if audit_db:
-            cur.execute(f"DROP DATABASE IF EXISTS {q(audit_db)}")

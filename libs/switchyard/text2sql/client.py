@@ -1,6 +1,6 @@
 """Asking a question of the fleet: publish on `sql.in.<tenant>`, read stages, then the answer.
 
-Used by the CLI, the evaluation harness, the load benches and tests (the HTTP edge reads
+Used by the CLI, the load benches and tests (the HTTP edge reads
 its questions' replies through its request lifecycle, on the same `bus.reply`); anything
 else can do the same with any NATS client (the messages are in `proto/`).
 """
@@ -8,12 +8,10 @@ else can do the same with any NATS client (the messages are in `proto/`).
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Any
 
 from switchyard import subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.reply import Reply
-from switchyard.errors import StreamTimeout
 from switchyard.messages.sql import (
     FIRST_TIMEOUT,
     IDLE_TIMEOUT,
@@ -43,20 +41,3 @@ async def stream_answer(
         async for item in reply:
             if isinstance(item, StageEvent | StageProgress | SqlAnswer):
                 yield item
-
-
-async def ask_question(
-    bus: Bus, tenant: str, question: str, *, idle_timeout: float = IDLE_TIMEOUT,
-    first_timeout: float = FIRST_TIMEOUT, **fields: Any,
-) -> tuple[list[StageEvent], SqlAnswer]:  # fmt: skip
-    """The stage events (keepalives left out: they end no stage) and the answer of one
-    question."""
-    ask = SqlAsk(tenant=tenant, question=question, **fields)
-    events: list[StageEvent] = []
-    async for item in stream_answer(bus, ask, idle_timeout=idle_timeout,
-                                    first_timeout=first_timeout):  # fmt: skip
-        if isinstance(item, SqlAnswer):
-            return events, item
-        if isinstance(item, StageEvent):
-            events.append(item)
-    raise StreamTimeout(f"question {ask.id} ended without an answer")

@@ -33,6 +33,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import BaseModel, Field
+
 from switchyard.bus.connection import Bus
 from switchyard.errors import ErrorCode, SwitchyardError
 from switchyard.logging import get_logger
@@ -58,6 +60,7 @@ from switchyard.text2sql.fleet import Completion, FleetModel
 from switchyard.text2sql.grammar import (
     GRAMMAR_MAX_BYTES,
     GRAMMAR_VIEWS,
+    MAX_GRAMMAR_VIEWS,
     anchor_views,
     choose_views,
     select_grammar,
@@ -85,31 +88,40 @@ NOT_GENERATED = "no verified query or metric answers this, and SQL generation is
 RETRY_INFO_TOKENS = 250
 
 
-@dataclass(frozen=True)
-class FlowOptions:
-    verified_threshold: float = VERIFIED_THRESHOLD
+class FlowOptions(BaseModel):
+    """The pipeline's knobs; sqlflow's settings read them from `SY_*` (one declaration)."""
+
+    # Cosines a stored question needs, besides the same specifics (text2sql.matching).
+    verified_threshold: float = Field(default=VERIFIED_THRESHOLD, gt=0, le=1)
     semantic_cache: bool = False
-    semantic_threshold: float = SEMANTIC_THRESHOLD
-    # False: answered only by verified queries and metrics; other questions are offered
-    # the nearest of them (a clarification) and no model writes SQL.
+    semantic_threshold: float = Field(default=SEMANTIC_THRESHOLD, gt=0, le=1)
+    # Off (SY_GENERATION=false): only verified queries and metrics answer; any other
+    # question gets the nearest of them offered back (a clarification), and no model
+    # writes SQL.
     generation: bool = True
+    # "auto": the whole schema when it fits `context_budget_tokens`, retrieval otherwise.
     scope: Literal["auto", "full", "retrieval"] = "auto"
     # The generation prompt's budget (schema, conventions, examples), estimated tokens:
     # sized for the CPU model's 2,048-token context; raise it on a GPU model.
-    context_budget_tokens: int = 1200
-    retrieval_views: int = 4
-    # The most views the generation grammar covers (grammar.choose_views picks them).
-    grammar_views: int = GRAMMAR_VIEWS
-    few_shots: int = 2
-    sql_max_tokens: int = 200
+    context_budget_tokens: int = Field(default=1200, ge=64)
+    retrieval_views: int = Field(default=4, ge=1, le=64)
+    # The most views the generation grammar covers: those the question needs
+    # (grammar.choose_views); its size grows with their joins.
+    grammar_views: int = Field(default=GRAMMAR_VIEWS, ge=1, le=MAX_GRAMMAR_VIEWS)
+    few_shots: int = Field(default=2, ge=0, le=16)
+    sql_max_tokens: int = Field(default=200, ge=16, le=4096)
     summary: bool = True
-    summary_max_tokens: int = 60
-    # "template": the summary is written from the result's facts (microseconds, exact);
-    # "model": the model rephrases that sentence, checked against the facts.
+    summary_max_tokens: int = Field(default=60, ge=8, le=1024)
+    # Who writes the summary (SY_SUMMARY_SOURCE). "template": a sentence from the
+    # result's facts, exact and in microseconds; the default, because the CPU model
+    # needs ~7 s for one sentence (longer than the rest of the answer). "model": the
+    # model rephrases it (a GPU model, e.g. Qwen2.5-7B); a rephrasing that states a
+    # number, date or name not among the facts is replaced by the template sentence.
     summary_source: Literal["template", "model"] = "template"
+    # Off: the summary model sees the result's shape and aggregates, never its rows.
     rows_to_model: bool = False
-    exact_cache_ttl: float = 300.0
-    result_cache_ttl: float = 60.0
+    exact_cache_ttl: float = Field(default=300.0, ge=0)
+    result_cache_ttl: float = Field(default=60.0, ge=0)
     sample_values: int = 5
 
 
