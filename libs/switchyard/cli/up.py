@@ -45,6 +45,7 @@ from switchyard import children
 from switchyard.bus.provision import Change
 from switchyard.bus.topology import Topology, TopologySettings, build_topology
 from switchyard.cli.logview import LogFormat, LogView, pretty
+from switchyard.cli.scrape import with_metrics_ports, write_prometheus_config
 from switchyard.config import Settings
 from switchyard.errors import SwitchyardError
 from switchyard.fleet import Fleet, FleetError, NotReady, PoolReady, Roster, Service, launch
@@ -445,6 +446,18 @@ def register(app: typer.Typer) -> None:
                 "CA and keys under --data-dir",
             ),
         ] = False,
+        metrics_ports: Annotated[
+            int,
+            typer.Option(
+                "--metrics-ports",
+                min=0,
+                max=65000,
+                help="every service serves /metrics on this base port's convention "
+                "(deploy/prometheus/prometheus.yml: preprocessor +1, router +2, ..., workers "
+                "+10 on), and <data dir>/prometheus/prometheus.yml scrapes them; 0: only "
+                "the edge's /metrics",
+            ),
+        ] = 0,
         log_format: Annotated[
             LogFormat,
             typer.Option(
@@ -472,6 +485,10 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(exc), param_hint="--roles") from exc
         procs, skipped = plan(FLEET, workers=workers, engine=engine, edge_port=edge_port,
                               agent_roles=agent_roles)  # fmt: skip
+        try:
+            procs = with_metrics_ports(procs, metrics_ports)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--metrics-ports") from exc
         topology = build_topology(TopologySettings(nats_url=url))
         nats_dir = data_dir / "nats"
         secrets: LocalSecrets | None = None
@@ -517,6 +534,12 @@ def register(app: typer.Typer) -> None:
                 servers = start_nats(host, port, nats_dir, secrets, nats_cluster)
                 logs = ", ".join(str(s.data_dir / "nats.log") for s in servers)
                 status("nats", "green", "●", f"embedded nats-server on {url}, log {logs}")
+            if metrics_ports:
+                scrape = write_prometheus_config(
+                    data_dir / "prometheus", procs, repo=Path.cwd(),
+                    edge_ca=secrets.ca.cert if secrets is not None else None,
+                )  # fmt: skip
+                status("metrics", "green", "●", f"scrape with: prometheus --config.file {scrape}")
             if secrets is not None:
                 admin = nats_dir / "admin.env"
                 write_admin_env(admin, url, secrets)

@@ -27,6 +27,10 @@ from switchyard.sqldb.watchdog import Watchdog
 FETCH_BATCH = 256
 
 
+# Why a statement was stopped (`RunOutcome.kill_reason`).
+KILL_REASONS = ("server_timeout", "watchdog", "watchdog_late", "client_deadline")
+
+
 @dataclass
 class RunOutcome:
     columns: list[str] = field(default_factory=list)
@@ -35,7 +39,7 @@ class RunOutcome:
     rows_examined: int | None = None
     duration: float = 0.0
     killed: bool = False
-    kill_reason: str | None = None  # "server_timeout", "watchdog" or "client_deadline"
+    kill_reason: str | None = None  # one of KILL_REASONS
     error: str | None = None
     error_code: int | None = None
 
