@@ -16,6 +16,7 @@ from collections.abc import Callable
 from nats.js import JetStreamContext
 
 from services.worker import metrics
+from services.worker.gpu import GpuTelemetry
 from services.worker.settings import WorkerSettings
 from switchyard.bus.topology import WORKERS_BUCKET
 from switchyard.codec import encode
@@ -57,13 +58,17 @@ async def beat(
     state: Callable[[], tuple[list[int], int, bool]],
     stop: asyncio.Event,
     wake: asyncio.Event | None = None,
+    gpu: GpuTelemetry | None = None,
 ) -> None:
     """Put a heartbeat every interval, and at once when `wake` is set, until `stop`; then
-    a last one and delete ours (a clean exit)."""
+    a last one and delete ours (a clean exit). Each beat also reads `gpu`'s telemetry for
+    /metrics, in a thread: NVML blocks while it samples PCIe throughput."""
     kv = await js.key_value(WORKERS_BUCKET)
     wake = wake or asyncio.Event()
     while True:
         last = stop.is_set()
+        if gpu is not None:
+            metrics.GPU.update(await asyncio.to_thread(gpu.read))
         partitions, queued, draining = state()
         try:
             await kv.put(

@@ -38,6 +38,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from services.worker import metrics
+from services.worker.enginetime import EngineTime
 from services.worker.output import Cut, agent_answer
 from switchyard import subjects
 from switchyard.agentactions import Answer
@@ -98,6 +99,7 @@ class Runner:
         self.on_engine_dead = on_engine_dead
         self.dead: EngineDead | None = None  # the engine's death, once seen
         self.running: set[str] = set()
+        self.engine_time = EngineTime()  # each request's share, its GPU-seconds
         self.handling: dict[str, asyncio.Future[None]] = {}  # request id -> done, per delivery
         # Agent steps on the engine that have not produced a token yet, per session
         # (tenant, session) -> {request id: step}: every router's notice looks one up.
@@ -245,6 +247,8 @@ class Runner:
             one = req.sampling.model_copy(update={"max_tokens": 1})
             engine_req = dataclasses.replace(engine_req, sampling=one, kv_producer=True)
         kv_params: dict[str, Any] | None = None
+        held_from = self.engine_time.start(started)
+        decode_from: float | None = None
         try:
             async for delta in self.engine.generate(engine_req):
                 last = time.time()
@@ -252,6 +256,7 @@ class Runner:
                 if delta.text:
                     if first is None:
                         first = last
+                        decode_from = self.engine_time.mark(first)
                         self._begun(req)
                     text.append(delta.text)
                     if writer is not None and req.stream:
@@ -275,6 +280,7 @@ class Runner:
             return _refused(Refusal(status, exc.code, exc.reason), since, time.time())
         finally:
             self.running.discard(req.id)
+            held_to = self.engine_time.finish(time.time())
             self._begun(req)
             superseded = req.id in self.superseded
             self.superseded.discard(req.id)
@@ -288,9 +294,13 @@ class Runner:
             metrics.TTFT.labels(self.engine.kind).observe(timings.ttft)
         if timings.tpot is not None:
             metrics.TPOT.labels(self.engine.kind).observe(timings.tpot)
-        tenant = metrics.TENANTS(req.tenant)
-        metrics.TOKENS_IN.labels(tenant).inc(usage.prompt_tokens)
-        metrics.TOKENS_OUT.labels(tenant).inc(usage.completion_tokens)
+        tenant, pool = metrics.TENANTS(req.tenant), req.pool
+        metrics.ENGINE_REQUESTS.labels(tenant, pool).inc()
+        metrics.TOKENS_IN.labels(tenant, pool).inc(usage.prompt_tokens)
+        metrics.TOKENS_OUT.labels(tenant, pool).inc(usage.completion_tokens)
+        prefill_to = held_to if decode_from is None else decode_from
+        metrics.GPU_SECONDS.labels(tenant, pool, "prefill").inc(prefill_to - held_from)
+        metrics.GPU_SECONDS.labels(tenant, pool, "decode").inc(held_to - prefill_to)
         if superseded:
             gave_way = superseded_by(
                 req, self.newest.newest(req), "on the engine, before it produced a token"

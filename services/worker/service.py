@@ -17,6 +17,7 @@ import contextlib
 
 from nats.aio.msg import Msg
 
+from services.worker.gpu import GpuTelemetry
 from services.worker.heartbeat import beat
 from services.worker.ownership import Ownership
 from services.worker.runner import Runner
@@ -77,11 +78,12 @@ async def run_worker(bus: Bus, stop: asyncio.Event, settings: WorkerSettings) ->
     newest = await bus.nc.subscribe(subjects.SUPERSEDE_ALL, cb=on_newest)
     ownership = Ownership(bus.js, settings, on_work, on_give_up)
     beat_stop = asyncio.Event()
+    gpu = GpuTelemetry.open(settings.gpus)
     heartbeat = asyncio.create_task(
         beat(
             bus.js, settings, engine,
             lambda: (ownership.partitions, ownership.inflight(), halt.is_set()),
-            beat_stop, wake,
+            beat_stop, wake, gpu,
         )
     )  # fmt: skip
     signalled = asyncio.create_task(_relay(stop, halt, wake))
@@ -97,6 +99,8 @@ async def run_worker(bus: Bus, stop: asyncio.Event, settings: WorkerSettings) ->
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         await engine.close()
+        if gpu is not None:
+            gpu.close()
     if died:
         raise ServiceExit(ENGINE_DEAD_EXIT, f"the engine died: {died[0].reason}")
 

@@ -17,6 +17,11 @@ def _default_host() -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())[:40]
 
 
+def _visible_gpus() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return ["0"] if visible is None else [g.strip() for g in visible.split(",") if g.strip()]
+
+
 def _default_id() -> str:
     return f"{_default_host()}-{os.getpid()}"
 
@@ -30,6 +35,9 @@ class WorkerSettings(Settings):
     # Where its GPU sits, `host/socket/switch` as `nvidia-smi topo -m` shows it (#39,
     # scheduling/links.py); the default, the host name, tells machines apart only.
     worker_topology: str = Field(default_factory=_default_host, pattern=LOCATION_PATTERN)
+    # The GPUs whose NVML telemetry it exports (`gpu.py`): indices or UUIDs; by default
+    # CUDA_VISIBLE_DEVICES, or "0" (a container given one GPU sees it as 0).
+    gpus: list[str] = Field(default_factory=_visible_gpus)
     # One-sequence engines (llama.cpp) run this many instances side by side.
     engine_instances: int = Field(default=1, ge=1, le=64)
     # "kv": follow the router's assignments in KV `fleet_assignments`;

@@ -104,6 +104,16 @@ def test_exporter_serves_vllm_names_with_vllm_labels() -> None:
     assert get("vllm:num_requests_running", labels) == 5
     assert get("vllm:prefix_cache_queries_total", labels) == 100
     assert get("vllm:prefix_cache_hits_total", labels) == 60
+    assert get("vllm:num_preemptions_total", labels) is None  # the engine did not say
+
+
+def test_preemptions_are_served_when_the_engine_counts_them() -> None:
+    registry = CollectorRegistry()
+    exporter = EngineStatsExporter()
+    exporter.install("sim", registry)
+    exporter.update("agent", EngineStats(preemptions=4))
+    labels = {"model_name": "agent", "engine": "0"}
+    assert registry.get_sample_value("vllm:num_preemptions_total", labels) == 4
 
 
 def test_exporter_exposition_matches_vllm_style_collectors() -> None:
@@ -111,7 +121,7 @@ def test_exporter_exposition_matches_vllm_style_collectors() -> None:
     ours = CollectorRegistry()
     exporter = EngineStatsExporter()
     exporter.install("sim", ours)
-    exporter.update("agent", EngineStats(0.25, 1, 2, 30, 20))
+    exporter.update("agent", EngineStats(0.25, 1, 2, 30, 20, preemptions=7))
     theirs = CollectorRegistry()
     labels = ["model_name", "engine"]
     values = {"vllm:kv_cache_usage_perc": 0.25, "vllm:num_requests_waiting": 1,
@@ -122,7 +132,7 @@ def test_exporter_exposition_matches_vllm_style_collectors() -> None:
                 "agent", "0"
             ).set(values[family.name])
         else:
-            n = 30 if family.name.endswith("queries") else 20
+            n = {"vllm:prefix_cache_queries": 30, "vllm:num_preemptions": 7}.get(family.name, 20)
             Counter(family.name, family.documentation, labels, registry=theirs).labels(
                 "agent", "0"
             ).inc(n)
@@ -220,5 +230,6 @@ async def test_heartbeat_of_a_sim_worker_exports_engine_state_under_vllm_names()
     assert queried is not None and hits is not None and 0 < hits < queried
     assert get("vllm:kv_cache_usage_perc", labels) == beat.kv_cache_usage
     assert get("vllm:num_requests_running", labels) == 0
+    assert get("vllm:num_preemptions_total", labels) == 0  # the sim never preempts
     info = {"worker": "w-metrics", "pool": "metricspool", "backend": "sim"}
     assert get("sy_worker_info", info) == 1

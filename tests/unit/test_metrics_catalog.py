@@ -39,6 +39,9 @@ from tests.conftest import REPO
 
 # Series that Prometheus itself makes for every target; queries may use them.
 PROMETHEUS_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
+# NVIDIA's DCGM exporter's (beside the workers; its default counters), on the GPU row.
+DCGM_SERIES = frozenset({"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE",
+                         "DCGM_FI_DEV_GPU_TEMP"})  # fmt: skip
 
 pytestmark = pytest.mark.unit
 
@@ -127,7 +130,7 @@ def entries() -> list[MetricEntry]:
 
 @pytest.fixture(scope="module")
 def exported(entries: list[MetricEntry]) -> set[str]:
-    return {s for e in entries for s in e.series()} | PROMETHEUS_SERIES
+    return {s for e in entries for s in e.series()} | PROMETHEUS_SERIES | DCGM_SERIES
 
 
 @pytest.fixture(scope="module")
@@ -151,14 +154,15 @@ def test_catalog_document_matches_the_code(entries: list[MetricEntry]) -> None:
 
 def test_catalog_is_what_the_registry_holds(entries: list[MetricEntry]) -> None:
     """Importing the metric modules registered exactly the catalog's metrics (the worker's
-    vLLM-named ones are registered only once a non-vLLM engine beats)."""
+    vLLM-named ones are registered only once a non-vLLM engine beats, and its `sy_gpu_*`
+    have samples, so are collected, only once NVML has been read)."""
     registered = {
         f.name + ("_total" if f.type == "counter" else "")
         for f in REGISTRY.collect()
         if f.name.startswith(("sy_", "vllm:"))
     }
     listed = {e.name for e in entries}
-    engine_stats = {e.name for e in entries if e.name.startswith("vllm:")}
+    engine_stats = {e.name for e in entries if e.name.startswith(("vllm:", "sy_gpu_"))}
     assert listed - engine_stats <= registered
     assert registered - listed <= set(), f"registered but not in the catalog: {registered - listed}"
 
@@ -194,7 +198,8 @@ def test_every_metric_is_defined_in_a_metrics_module() -> None:
 UNITS = ("_seconds", "_bytes", "_tokens", "_requests", "_partitions", "_statements",
          "_events", "_letters", "_answers", "_frames", "_hits", "_cancels", "_decisions",
          "_executions", "_validations", "_failures", "_info", "_in_flight", "_perc",
-         "_waiting", "_running", "_queries", "_rejected")  # fmt: skip
+         "_waiting", "_running", "_queries", "_rejected", "_ratio", "_hertz", "_watts",
+         "_celsius", "_bytes_per_second", "_preemptions")  # fmt: skip
 
 
 def test_names_follow_prometheus_conventions(entries: list[MetricEntry]) -> None:
@@ -276,7 +281,7 @@ def test_dashboard_only_uses_exported_metrics(
 
 def test_dashboard_layout_and_datasource(dashboard: dict[str, Any]) -> None:
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
-    assert [r.split()[0] for r in rows] == ["Fleet", "Tenants", "Agent", "SQL"]
+    assert [r.split()[0] for r in rows] == ["Fleet", "Tenants", "Agent", "SQL", "GPU"]
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
@@ -290,7 +295,8 @@ def test_dashboard_layout_and_datasource(dashboard: dict[str, Any]) -> None:
 def test_dashboard_uses_the_engine_metrics_by_their_vllm_names(dashboard: dict[str, Any]) -> None:
     used = set().union(*(metric_names(e) for e in dashboard_exprs(dashboard).values()))
     assert {"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_requests_running",
-            "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"} <= used  # fmt: skip
+            "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+            "vllm:num_preemptions_total"} <= used  # fmt: skip
 
 
 def test_grafana_provisioning_points_at_the_dashboard() -> None:
@@ -328,7 +334,7 @@ def test_scrape_config_loads_the_rules() -> None:
     config = yaml.safe_load(SCRAPE.read_text())
     assert config["rule_files"] == ["rules.yml"]
     jobs = {j["job_name"] for j in config["scrape_configs"]}
-    assert jobs == {name for name in METRIC_MODULES if name != "all"}
+    assert jobs == {name for name in METRIC_MODULES if name != "all"} | {"dcgm"}
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")

@@ -18,6 +18,7 @@ from switchyard.cli import (
     sql_commands,
     status_commands,
     up,
+    usage_commands,
 )
 
 app = typer.Typer(
@@ -38,6 +39,7 @@ edge_commands.register(app)
 simserver_commands.register(app)
 metrics_commands.register(app)
 status_commands.register(app)
+usage_commands.register(app)
 
 
 def main() -> None:

@@ -128,6 +128,9 @@ class EngineStats:
     prefix_queried_tokens: int = 0  # cumulative
     prefix_hit_tokens: int = 0  # cumulative
     kv_capacity_tokens: int = 0  # the KV cache's size in tokens (0: not known)
+    # Running requests preempted (their KV freed, recomputed later), cumulative; None
+    # where the engine does not count them.
+    preemptions: int | None = None
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -515,6 +515,9 @@ class SimEngine:
             running=len(self._running),
             prefix_queried_tokens=self._queried,
             prefix_hit_tokens=self._hits,
+            # The sim reserves a request's KV blocks at admission, so it never preempts
+            # one (vLLM does, when blocks run out): its count is 0, not unknown.
+            preemptions=0,
         )
 
     async def close(self) -> None:
