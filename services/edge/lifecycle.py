@@ -146,7 +146,8 @@ class Flight(Generic[Final]):
         if not isinstance(item, GenerateResult) or item.status != "ok" or item.route is None:
             return
         pool, workload = item.route.pool, item.workload
-        metrics.TTFT.labels(pool, workload).observe((self.first_token or now) - self.arrived)
+        first = now if self.first_token is None else self.first_token  # not streamed: now
+        metrics.TTFT.labels(pool, workload).observe(first - self.arrived)
         metrics.DURATION.labels(pool, workload).observe(now - self.arrived)
         metrics.PHASES.labels(pool, "edge").observe(self.published - self.arrived)
         metrics.PHASES.labels(pool, "fleet").observe(now - self.published)
