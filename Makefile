@@ -109,6 +109,7 @@ lint: setup
 	$(VENV)/bin/lint-imports --no-logo
 	$(VENV)/bin/sy proto --check
 	$(VENV)/bin/sy metrics catalog --check
+	$(VENV)/bin/sy metrics rules --check
 
 proto: setup
 	$(VENV)/bin/sy proto

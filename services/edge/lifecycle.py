@@ -42,7 +42,7 @@ from switchyard.envelope import Envelope
 from switchyard.errors import SwitchyardError
 from switchyard.logging import get_logger
 from switchyard.messages.idempotency import Claim
-from switchyard.messages.inference import ChatRequest, Workload
+from switchyard.messages.inference import ChatRequest, GenerateResult, TokenFrame, Workload
 from switchyard.messages.sql import SqlAsk, StageProgress
 
 log = get_logger(__name__)
@@ -118,6 +118,11 @@ class Flight(Generic[Final]):
         self.key = key
         self.statuses = statuses
         self.settled = key is None  # True once nothing is left to release
+        # perf_counter times (`middleware`): the request's arrival, the fleet storing it,
+        # its first token read back, for the latency its client feels (`_observe`).
+        self.arrived: float = getattr(request.state, "arrived", time.perf_counter())
+        self.published = time.perf_counter()
+        self.first_token: float | None = None
 
     @property
     def request_id(self) -> str:
@@ -127,9 +132,25 @@ class Flight(Generic[Final]):
         """The next progress item or the final, or None if none came within `timeout`;
         raises the HTTP error of a refusal or a broken reply (silent, undecodable)."""
         try:
-            return await self.reply.next(timeout)
+            item = await self.reply.next(timeout)
         except SwitchyardError as exc:
             raise ApiError.from_info(error_info(exc), self.statuses) from None
+        self._observe(item)
+        return item
+
+    def _observe(self, item: Progress | Final | None) -> None:
+        """An answer's latency at the edge, once its result names the pool."""
+        now = time.perf_counter()
+        if isinstance(item, TokenFrame) and item.text and self.first_token is None:
+            self.first_token = now
+        if not isinstance(item, GenerateResult) or item.status != "ok" or item.route is None:
+            return
+        pool, workload = item.route.pool, item.workload
+        first = now if self.first_token is None else self.first_token  # not streamed: now
+        metrics.TTFT.labels(pool, workload).observe(first - self.arrived)
+        metrics.DURATION.labels(pool, workload).observe(now - self.arrived)
+        metrics.PHASES.labels(pool, "edge").observe(self.published - self.arrived)
+        metrics.PHASES.labels(pool, "fleet").observe(now - self.published)
 
     async def first(self, grace: float) -> Progress | Final | None:
         """What comes within `grace`, before a stream commits to its 200: a refusal, or a

@@ -49,8 +49,9 @@ class EdgeMiddleware:
             return
         request_id = new_id()
         traceparent = accept(_header(scope, b"traceparent"))
-        scope.setdefault("state", {}).update(request_id=request_id, traceparent=traceparent)
         started, status = time.perf_counter(), 500
+        state = scope.setdefault("state", {})
+        state.update(request_id=request_id, traceparent=traceparent, arrived=started)
         path = scope.get("path", "")
         route = path if path in ROUTES else "other"  # bounded label cardinality
         cap = self.path_caps.get(path, self.max_body_bytes)

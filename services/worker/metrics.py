@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from services.worker.gpu import FIELDS, GpuReading
 from switchyard.engines.base import EngineStats
-from switchyard.messages.inference import ResultStatus
+from switchyard.messages.inference import ResultStatus, Route, Workload
 from switchyard.metrics import LATENCY_BUCKETS, TenantLabel
 
 TTFT = Histogram(
@@ -33,7 +33,35 @@ TTFT = Histogram(
 )  # fmt: skip
 TPOT = Histogram(
     "sy_worker_time_per_output_token_seconds", "Mean time per output token after the first",
-    ["backend"], buckets=LATENCY_BUCKETS,
+    ["pool", "backend"], buckets=LATENCY_BUCKETS,
+)  # fmt: skip
+# A request's life as its client felt it, from its creation (`created_at`, stamped by its
+# publisher: the edge, or a client on NATS, on that host's clock) to the worker's first and
+# last token. Observed here, where every publisher's requests end up; a publisher's clock
+# ahead of this host's is clamped at 0, one behind it adds its skew (deploy/metrics.md).
+# Answers only (status ok): what the SLOs (deploy/prometheus/slos.yml) are about.
+E2E_TTFT = Histogram(
+    "sy_worker_e2e_time_to_first_token_seconds",
+    "Request creation (its publisher's clock) to first token, answers only",
+    ["pool", "workload"], buckets=LATENCY_BUCKETS,
+)  # fmt: skip
+E2E_DURATION = Histogram(
+    "sy_worker_e2e_duration_seconds",
+    "Request creation (its publisher's clock) to its answer's last token, answers only",
+    ["pool", "workload"], buckets=LATENCY_BUCKETS,
+)  # fmt: skip
+# `Route.phases`: preprocess, router_queue, dispatch, engine_queue, prefill, decode.
+PHASES = Histogram(
+    "sy_worker_phase_seconds",
+    "Seconds an answer spent in each phase from creation to last token", ["pool", "phase"],
+    buckets=LATENCY_BUCKETS,
+)  # fmt: skip
+# Per engine output carrying text (several tokens when decoding speculatively), as vLLM's
+# `vllm:inter_token_latency_seconds` counts its steps.
+ITL = Histogram(
+    "sy_worker_inter_token_latency_seconds",
+    "Time between successive engine outputs carrying tokens", ["pool"],
+    buckets=LATENCY_BUCKETS,
 )  # fmt: skip
 QUEUE = Histogram(
     "sy_worker_queue_wait_seconds", "Admission (or creation) to engine start", ["backend"],
@@ -224,3 +252,13 @@ class GpuExporter(Collector):
 
 GPU = GpuExporter()
 REGISTRY.register(GPU)
+
+
+def observe_answer(route: Route, workload: Workload, engine_queue: float | None) -> None:
+    """An answer's end-to-end latency and phases, under its pool."""
+    pool = route.pool
+    if route.first_token_at is not None:
+        E2E_TTFT.labels(pool, workload).observe(max(0.0, route.first_token_at - route.created_at))
+    E2E_DURATION.labels(pool, workload).observe(max(0.0, route.finished_at - route.created_at))
+    for phase, seconds in route.phases(engine_queue).items():
+        PHASES.labels(pool, phase).observe(seconds)

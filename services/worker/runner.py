@@ -56,6 +56,7 @@ from switchyard.messages.inference import (
     KvHandoff,
     ModelledTimings,
     ResultStatus,
+    Route,
     Timings,
     Usage,
 )
@@ -83,6 +84,7 @@ class Outcome:
     first_token_at: float | None = None
     answer: Answer | None = None  # an agent step's whole answer (`output.agent_answer`)
     kv_params: dict[str, Any] | None = None  # a prefill stage's, for its decode stage
+    engine_queue: float | None = None  # an answer's `Delta.queued`: the engine's wait
 
 
 class Runner:
@@ -165,6 +167,7 @@ class Runner:
             if req.stage == "prefill" and outcome.status == "ok":
                 await self._hand_off(req, outcome)
                 return
+            route = route_of(req, time.time(), outcome.started_at, outcome.first_token_at)
             result = result_for(
                 req,
                 outcome.status,
@@ -174,20 +177,35 @@ class Runner:
                 usage=outcome.usage,
                 timings=outcome.timings,
                 worker=self.worker_id,
-                route=route_of(req, time.time(), outcome.started_at, outcome.first_token_at),
+                route=route,
                 actions=None if outcome.answer is None else list(outcome.answer.actions),
                 thought=None if outcome.answer is None else outcome.answer.thought,
             )
             metrics.RESULTS.labels(outcome.status).inc()
+            if outcome.status == "ok":
+                metrics.observe_answer(route, req.workload, outcome.engine_queue)
             if not await answer(self.nc, self.js, result, req.reply, writer):
                 log.info("worker.already_answered", attempt=attempt)
                 return
-            log.info(
-                "worker.done",
-                status=outcome.status,
-                tokens=outcome.usage.completion_tokens,
-                total=round(outcome.timings.total, 4),
-            )
+            self._log_done(req, outcome, route)
+
+    def _log_done(self, req: GenerateRequest, outcome: Outcome, route: Route) -> None:
+        """The one line per finished request: what ran, how, and where its time went;
+        never its prompt or its answer."""
+        model, sampling, usage = self.engine.model, req.sampling, outcome.usage
+        log.info(
+            "worker.done",
+            status=outcome.status, finish_reason=outcome.finish_reason,
+            error=None if outcome.error is None else outcome.error.code,
+            pool=req.pool, workload=req.workload, stage=req.stage,
+            model=model.name, model_version=model.version, lora=req.lora,
+            temperature=sampling.temperature, top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens, seed=sampling.seed, stops=len(sampling.stop),
+            constraint=req.constraint.type, prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
+            total=round(outcome.timings.total, 4),
+            phases={k: round(v, 4) for k, v in route.phases(outcome.engine_queue).items()},
+        )  # fmt: skip
 
     async def _hand_off(self, req: GenerateRequest, outcome: Outcome) -> None:
         """The prefill stage ran (#39): its decode stage goes back on REQ for the router to
@@ -226,7 +244,8 @@ class Runner:
         started = time.time()
         metrics.QUEUE.labels(self.engine.kind).observe(max(0.0, started - since))
         first: float | None = None
-        last = started
+        last = previous = started  # the latest delta, and the latest carrying text
+        engine_queue: float | None = None
         text: list[str] = []
         usage = Usage()
         finish: FinishReason | None = None
@@ -255,9 +274,12 @@ class Runner:
                 kv_params = delta.kv_transfer_params or kv_params
                 if delta.text:
                     if first is None:
-                        first = last
+                        first, engine_queue = last, delta.queued
                         decode_from = self.engine_time.mark(first)
                         self._begun(req)
+                    else:
+                        metrics.ITL.labels(req.pool).observe(last - previous)
+                    previous = last
                     text.append(delta.text)
                     if writer is not None and req.stream:
                         fresh = delta.completion_tokens - usage.completion_tokens
@@ -293,7 +315,7 @@ class Runner:
         if timings.ttft is not None:
             metrics.TTFT.labels(self.engine.kind).observe(timings.ttft)
         if timings.tpot is not None:
-            metrics.TPOT.labels(self.engine.kind).observe(timings.tpot)
+            metrics.TPOT.labels(req.pool, self.engine.kind).observe(timings.tpot)
         tenant, pool = metrics.TENANTS(req.tenant), req.pool
         metrics.ENGINE_REQUESTS.labels(tenant, pool).inc()
         metrics.TOKENS_IN.labels(tenant, pool).inc(usage.prompt_tokens)
@@ -325,7 +347,9 @@ class Runner:
             ok.kv_params = kv_params
             return ok
         if not isinstance(req.constraint, ActionsConstraint):
-            return Outcome("ok", answer_text, finish, usage, timings, None, started, first)
+            ok = Outcome("ok", answer_text, finish, usage, timings, None, started, first)
+            ok.engine_queue = engine_queue
+            return ok
         out = agent_answer(answer_text, finish, req.constraint, req.frame_geometry)
         if isinstance(out, Cut):
             # Never a partial action to a phone: the client gets a typed error.
@@ -334,7 +358,9 @@ class Runner:
                         tokens=usage.completion_tokens)  # fmt: skip
             error = ErrorInfo(code="answer_cut", reason=out.detail)
             return Outcome("error", answer_text, finish, usage, timings, error, started, first)
-        return Outcome("ok", out.text, finish, usage, timings, None, started, first, out.answer)
+        ok = Outcome("ok", out.text, finish, usage, timings, None, started, first, out.answer)
+        ok.engine_queue = engine_queue
+        return ok
 
     def _engine_died(self, exc: EngineDead) -> None:
         if self.dead is not None:

@@ -11,9 +11,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from switchyard.engines.base import Delta, Engine, EngineError, EngineRequest
-from switchyard.engines.llamacpp import LlamaCppEngine, LlamaCppSettings
+from switchyard.engines.base import Delta, Engine, EngineError, EngineRequest, ModelInfo
+from switchyard.engines.llamacpp import LlamaCppEngine, LlamaCppSettings, gguf_version
 from switchyard.engines.model_files import smollm2_gguf
+from switchyard.engines.pool import EnginePool
 from switchyard.messages.inference import (
     ChatMessage,
     ChoiceConstraint,
@@ -460,3 +461,36 @@ async def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SY_LLAMACPP_MODEL_PATH", "/models/x.gguf")
     s = LlamaCppSettings()
     assert s.n_ctx == 1024 and s.model_path == Path("/models/x.gguf") and s.n_threads == 2
+
+
+async def test_names_its_model_and_the_version_of_its_weights(
+    engine: LlamaCppEngine, tmp_path: Path
+) -> None:
+    gguf = smollm2_gguf()
+    assert engine.model == ModelInfo(gguf.stem, gguf_version(gguf))
+    assert engine.model.version.startswith("gguf-")
+    # Another build of the file is another version.
+    other = tmp_path / gguf.name
+    other.write_bytes(gguf.read_bytes()[: 2 << 20])
+    assert gguf_version(other) != engine.model.version
+
+
+async def test_a_pool_says_how_long_a_request_waited_for_an_instance(
+    engine: LlamaCppEngine,
+) -> None:
+    pool = EnginePool([engine])  # the module's engine: one sequence at a time
+
+    async def run(stream: AsyncIterator[Delta]) -> list[Delta]:
+        return [d async for d in stream]
+
+    holder = pool.generate(request("Count to twenty.", max_tokens=8))
+    held = [await anext(holder)]  # it holds the only instance from here
+    waiter = asyncio.ensure_future(run(pool.generate(request("Say one word.", max_tokens=4))))
+    held += await run(holder)
+    waited = [d for d in await waiter if d.text]
+    held = [d for d in held if d.text]
+    # On the first token's delta only: ~0 for the one that found the instance free, the
+    # time it waited for the other (which ran while it waited).
+    assert held[0].queued is not None and waited[0].queued is not None
+    assert waited[0].queued > held[0].queued
+    assert all(d.queued is None for d in [*held[1:], *waited[1:]])

@@ -33,6 +33,7 @@ from switchyard.engines.base import (
     EngineKind,
     EngineRequest,
     EngineStats,
+    ModelInfo,
 )
 from switchyard.errors import TransientError
 from switchyard.messages.fleet import WorkerHeartbeat
@@ -58,6 +59,7 @@ class DyingEngine:
     capabilities = Capabilities(vision=False, json_schema=False, grammar=False, regex=False,
                                 lora=False, max_context=4096)  # fmt: skip
     slots = 8
+    model = ModelInfo("dying", "test-double")
 
     def __init__(self) -> None:
         self.die = asyncio.Event()

@@ -102,6 +102,7 @@ from switchyard.engines.sim_output import sim_answer
 from switchyard.engines.vllm import (
     VllmEngine,
     VllmSettings,
+    checkpoint_version,
     engine_args_kwargs,
     finish_reason,
     load_vllm,
@@ -1020,3 +1021,14 @@ def test_fp8_precision_quantizes_unless_the_checkpoint_is_fp8() -> None:
     assert "quantization" not in engine_args_kwargs(fp8_checkpoint)
     with pytest.raises(ValueError, match="precision"):
         VllmSettings(precision="int4")  # type: ignore[arg-type]
+
+
+def test_the_checkpoint_version_is_its_snapshot_commit(tmp_path: Path) -> None:
+    """What the worker's request log names as `model_version`."""
+    snapshot = tmp_path / "models--Qwen--Qwen3-VL-8B" / "snapshots" / "3f2c9e1a"
+    snapshot.mkdir(parents=True)
+    assert checkpoint_version(str(snapshot)) == "3f2c9e1a"
+    assert checkpoint_version(str(tmp_path)) == "local"  # a directory of its own
+    # A hub name is looked up in the local Hugging Face cache (vLLM's own dependency);
+    # not found there (or no hub installed), the version is not known.
+    assert checkpoint_version("nobody/no-such-model-here") == "unresolved"

@@ -118,6 +118,10 @@ class Delta:
     # A prefill stage's last delta (#39): the engine's parameters for moving its KV to the
     # decode stage (vLLM's `kv_transfer_params`); None where the engine needs none (sim).
     kv_transfer_params: dict[str, Any] | None = None
+    # On the first delta that carries text: the wall seconds the engine held the request
+    # before it first scheduled it (a batch slot, KV blocks, a free instance), which the
+    # worker's phases tell apart from prefill; None where the engine does not say (vLLM).
+    queued: float | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,16 @@ class EngineStats:
 
 
 @dataclass(frozen=True)
+class ModelInfo:
+    """What an engine runs, as its request logs name it: the model and the version of its
+    weights the engine can tell (a checkpoint's commit, a GGUF's content hash, the sim's
+    calibration)."""
+
+    name: str
+    version: str
+
+
+@dataclass(frozen=True)
 class Capabilities:
     vision: bool
     json_schema: bool
@@ -158,6 +172,10 @@ class Engine(Protocol):
     def slots(self) -> int:
         """Sequences it runs at once; the worker's heartbeat advertises them and the router
         gives the worker that much credit."""
+
+    @property
+    def model(self) -> ModelInfo:
+        """The model it runs (final once `start` has returned)."""
 
     async def start(self) -> None:
         """Load weights; raises `EngineError` with a clear reason when it cannot."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import hashlib
 import json
 import logging
 import random
@@ -41,6 +42,7 @@ from switchyard.engines.base import (
     EngineKind,
     EngineRequest,
     EngineStats,
+    ModelInfo,
 )
 from switchyard.engines.model_files import smollm2_gguf
 from switchyard.engines.prefix_cache import common_prefix
@@ -91,6 +93,15 @@ class LlamaCppSettings(SectionSettings):
     seed: int | None = Field(
         default=None, ge=0, description="for requests without a seed; None = random"
     )
+
+
+def gguf_version(path: Path) -> str:
+    """A GGUF's version: a hash of its size and first MiB (its header, metadata and first
+    tensors), which tells two builds of one model apart without reading gigabytes."""
+    digest = hashlib.sha256(str(path.stat().st_size).encode())
+    with path.open("rb") as f:
+        digest.update(f.read(1 << 20))
+    return f"gguf-{digest.hexdigest()[:12]}"
 
 
 def image_placeholder(content_hash: str) -> str:
@@ -146,6 +157,11 @@ class LlamaCppEngine:
         self._queried = 0
         self._hit = 0
         self._closed = False
+        self._model = ModelInfo("not started", "")
+
+    @property
+    def model(self) -> ModelInfo:
+        return self._model
 
     async def start(self) -> None:
         if self._llm is not None:
@@ -161,6 +177,8 @@ class LlamaCppEngine:
             ) from e
         loop = asyncio.get_running_loop()
         self._llm = await loop.run_in_executor(self._executor, self._load, path)
+        version = await loop.run_in_executor(self._executor, gguf_version, path)
+        self._model = ModelInfo(path.stem, version)
         self._n_ctx = self._llm.n_ctx()
         self.capabilities = replace(self.capabilities, max_context=self._n_ctx)
 

@@ -8,7 +8,9 @@ that instance's KV cache. Requests wait in arrival order when all are busy.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 
 from switchyard.engines.base import (
     Capabilities,
@@ -17,6 +19,7 @@ from switchyard.engines.base import (
     EngineKind,
     EngineRequest,
     EngineStats,
+    ModelInfo,
 )
 
 _ABORTED = -1
@@ -63,7 +66,12 @@ class EnginePool:
                 return
         self._free.append(index)
 
+    @property
+    def model(self) -> ModelInfo:
+        return self.instances[0].model
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
+        arrived = time.monotonic()
         if self._free and not self._waiters:
             index = self._pick(request.session)
         else:
@@ -79,8 +87,12 @@ class EnginePool:
                 return
         self._running[request.request_id] = index
         self._last_session[index] = request.session
+        waited: float | None = time.monotonic() - arrived  # for a free instance
         try:
             async for delta in self.instances[index].generate(request):
+                if waited is not None and delta.text:  # the first token's delta
+                    delta = replace(delta, queued=waited + (delta.queued or 0.0))
+                    waited = None
                 yield delta
         finally:
             self._running.pop(request.request_id, None)

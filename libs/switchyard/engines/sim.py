@@ -114,6 +114,7 @@ from switchyard.engines.base import (
     EngineKind,
     EngineRequest,
     EngineStats,
+    ModelInfo,
     SchedulingPolicy,
 )
 from switchyard.engines.prefix_cache import BlockCache, block_hashes
@@ -571,6 +572,11 @@ class SimEngine:
         """What every figure of this engine is modelled at (`SimSettings.calibration`)."""
         return self._calibration
 
+    @property
+    def model(self) -> ModelInfo:
+        """The model simulated; its version is the calibration it is simulated at."""
+        return ModelInfo(self.settings.model, f"sim-{self._calibration}")
+
     def tpot(self, batch: int) -> float:
         """Modelled duration of one decode step (no prefill) with `batch` sequences."""
         return sim_decode_seconds(self.settings, batch)
@@ -864,8 +870,11 @@ class SimEngine:
         seq.steps += 1
         text = "".join(pieces[seq.emitted : seq.emitted + n])
         seq.emitted += n
+        queued = None
         if seq.first_token_at is None:
             seq.first_token_at = self._now
+            admitted = seq.arrival if seq.admitted is None else seq.admitted
+            queued = (admitted - seq.arrival) * self.settings.delay_scale  # wall seconds
         last = seq.emitted == len(pieces)
         seq.queue.put_nowait(
             Delta(
@@ -874,6 +883,7 @@ class SimEngine:
                 prompt_tokens=seq.prompt_len,
                 cached_tokens=seq.cached,
                 finish_reason=seq.output.finish if last else None,
+                queued=queued,
             )
         )
         if last:

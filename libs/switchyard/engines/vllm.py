@@ -45,6 +45,7 @@ from switchyard.engines.base import (
     EngineKind,
     EngineRequest,
     EngineStats,
+    ModelInfo,
     SchedulingPolicy,
 )
 from switchyard.engines.sim_output import PROMPT_LOOKUP
@@ -555,6 +556,23 @@ class _InFlight:
     pump: asyncio.Task[None] | None = None
 
 
+def checkpoint_version(model: str) -> str:
+    """The version of the checkpoint vLLM loads for `model`: the commit of its Hugging Face
+    cache snapshot (`.../snapshots/<commit>`, a hub name resolved in the local cache), or
+    `local` for a directory outside that cache, `unresolved` when neither tells."""
+    path = Path(model)
+    if not path.is_dir():
+        try:  # vLLM's own dependency (not installed where vLLM is not)
+            hub: Any = importlib.import_module("huggingface_hub")
+        except ImportError:
+            return "unresolved"
+        found = hub.try_to_load_from_cache(model, "config.json")
+        if not isinstance(found, str):
+            return "unresolved"
+        path = Path(found).parent
+    return path.name if path.parent.name == "snapshots" else "local"
+
+
 class VllmEngine:
     """vLLM's `AsyncLLM` behind our `Engine` protocol (kind ``"vllm"``)."""
 
@@ -579,6 +597,7 @@ class VllmEngine:
         self._inflight: dict[str, _InFlight] = {}
         # (adapter dir, its files' stamp) -> the outcome of loading it: None when loaded.
         self._loras: dict[tuple[str, float], asyncio.Future[EngineError | None]] = {}
+        self._model = ModelInfo(self.settings.model, "not started")
 
     @property
     def slots(self) -> int:
@@ -608,7 +627,12 @@ class VllmEngine:
         if inspect.isawaitable(tokenizer):
             tokenizer = await tokenizer
         self._api, self._llm, self._tokenizer = api, llm, tokenizer
-        log.info("vllm engine started", engine="vllm", model=s.model)
+        self._model = ModelInfo(s.model, checkpoint_version(s.model))
+        log.info("vllm engine started", engine="vllm", model=s.model, version=self._model.version)
+
+    @property
+    def model(self) -> ModelInfo:
+        return self._model
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[Delta, None]:
         if self._llm is None or self._api is None or self._tokenizer is None:

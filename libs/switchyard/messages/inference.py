@@ -3,7 +3,7 @@ the token frames streamed to a reply inbox, and cancellation."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, StringConstraints, model_validator
 
@@ -295,6 +295,11 @@ class Timings(Model):
     modelled: ModelledTimings | None = None
 
 
+# A request's phases as the worker observes them (`Route.phases`).
+Phase = Literal["preprocess", "router_queue", "dispatch", "engine_queue", "prefill", "decode"]
+PHASES: tuple[Phase, ...] = get_args(Phase)
+
+
 class Route(Model):
     """Where a request went and when (absolute Unix seconds), kept with its result.
 
@@ -336,6 +341,38 @@ class Route(Model):
                 at = stamp
         hops["back"] = max(0.0, ended - self.finished_at)
         return hops
+
+    def phases(self, engine_queue: float | None = None) -> dict[Phase, float]:
+        """Seconds per phase up to its last token: the hops grouped by what the request
+        waited for, the engine's hop split at the first token. They sum to
+        `finished_at - created_at` (each hop clamped at 0 as in `hops`, so a clock skewed
+        between hosts shortens a phase, never makes one negative):
+
+        `preprocess` (hop `prepare`); `router_queue` (`to_router` + `router`: REQ, the
+        router's intake and fair queue); `dispatch` (`to_worker`: WORK and the worker's
+        pull); `engine_queue` (the engine's own report of how long it held the request
+        before scheduling it, `Delta.queued`; absent where it does not say); `prefill`
+        (the rest of engine start -> first token); `decode` (first token -> finish). A
+        request the engine never started has no engine phases.
+        """
+        hops = self.hops(self.finished_at)
+        phases: dict[Phase, float] = {}
+        if "prepare" in hops:
+            phases["preprocess"] = hops["prepare"]
+        if "to_router" in hops or "router" in hops:
+            phases["router_queue"] = hops.get("to_router", 0.0) + hops.get("router", 0.0)
+        if "to_worker" in hops:
+            phases["dispatch"] = hops["to_worker"]
+        if self.started_at is None:
+            return phases
+        first = self.first_token_at
+        to_first = max(0.0, (self.finished_at if first is None else first) - self.started_at)
+        if engine_queue is not None:
+            phases["engine_queue"] = min(max(0.0, engine_queue), to_first)
+        phases["prefill"] = to_first - phases.get("engine_queue", 0.0)
+        if first is not None:
+            phases["decode"] = max(0.0, self.finished_at - first)
+        return phases
 
 
 class ErrorInfo(Model):
