@@ -1,16 +1,19 @@
-"""Prometheus metrics: one `/metrics` server per process, shared buckets, tenant labels,
-and the bus metrics every service exports. The catalog of every metric is deploy/metrics.md."""
+"""Prometheus metrics: one `/metrics` server per process (its probes beside it), shared
+buckets, tenant labels, and the bus metrics every service exports. The catalog of every
+metric is deploy/metrics.md."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics import MetricWrapperBase
+
+from switchyard.probes import Probes
 
 # Latency buckets from 1 ms to 60 s: agent steps live around 0.1-0.5 s, SQL runs to tens of s.
 LATENCY_BUCKETS = (
@@ -29,13 +32,20 @@ DEAD_LETTERS = Counter(
 )  # fmt: skip
 
 
-def serve_metrics(port: int, registry: CollectorRegistry = REGISTRY) -> int:
-    """Start the `/metrics` HTTP server; port 0 disables it. Returns the port."""
-    if port:
-        app = classic_text(make_wsgi_app(registry))
-        server = make_server("", port, app, ThreadingWSGIServer, handler_class=_Quiet)
-        threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return port
+def serve_metrics(
+    port: int, registry: CollectorRegistry = REGISTRY, probes: Probes | None = None
+) -> WSGIServer | None:
+    """Start the HTTP server of `/metrics` on `port` (all interfaces), on threads of its
+    own, with `probes`' paths (`switchyard.probes`) when given; port 0 disables it.
+    Returns the server (`shutdown()` stops it), or None."""
+    if not port:
+        return None
+    app = classic_text(make_wsgi_app(registry))
+    if probes is not None:
+        app = probes.wsgi(app)
+    server = make_server("", port, app, ThreadingWSGIServer, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server
 
 
 def classic_text(app: WSGIApp) -> WSGIApp:
@@ -54,7 +64,7 @@ def classic_text(app: WSGIApp) -> WSGIApp:
 
 
 class _Quiet(WSGIRequestHandler):
-    """No access log on stderr: Prometheus scrapes every few seconds."""
+    """No access log on stderr: Prometheus scrapes and probes poll every few seconds."""
 
     def log_message(self, format: str, *args: object) -> None:
         pass

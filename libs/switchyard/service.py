@@ -8,6 +8,10 @@ seconds is cancelled (nothing it holds can be answered or acked; the stream hand
 every unacked message to another consumer), so a service whose NATS is gone exits
 within seconds of SIGTERM instead of waiting out every publish's patience.
 
+Its probes (`switchyard.probes`, on the metrics port) say what this module knows:
+started once connected; ready while connected and not stopping. A service that knows
+more (the worker: its engine) passes `probes` with its own checks added.
+
 A `main` that cannot go on (the worker whose engine died) cleans up the same way and
 raises `ServiceExit`: the process then exits with its code at once, and its supervisor
 (compose's `restart:`, k8s) starts a fresh one.
@@ -28,6 +32,7 @@ from switchyard.bus.connection import Bus, connect
 from switchyard.config import Settings
 from switchyard.logging import configure, get_logger
 from switchyard.metrics import serve_metrics
+from switchyard.probes import Probes
 
 Main = Callable[[Bus, asyncio.Event], Awaitable[None]]
 
@@ -47,21 +52,38 @@ STRANDED_AFTER = 3.0
 STRANDED_CHECK = 0.25
 
 
-async def serve(name: str, settings: Settings, main: Main) -> None:
+async def serve(name: str, settings: Settings, main: Main, probes: Probes | None = None) -> None:
     log = get_logger(name)
     stop = asyncio.Event()
+    probes = probes if probes is not None else Probes()
+    connected: list[Bus] = []
+    probes.add("startupz", "bus", lambda: None if connected else "not connected to NATS yet")
+    probes.add("readyz", "bus", lambda: _bus_down(connected))
+    probes.add("readyz", "stopping", lambda: "stopping: draining" if stop.is_set() else None)
     with children.stopping_on(asyncio.get_running_loop(), stop.set):
-        serve_metrics(settings.metrics_port)
-        bus = await connect(settings, name)
-        log.info("service.started", nats=settings.nats_url, metrics_port=settings.metrics_port)
-        work: asyncio.Future[None] = asyncio.ensure_future(main(bus, stop))
+        server = serve_metrics(settings.metrics_port, probes=probes)
         try:
-            await _until_done_or_stranded(work, stop, bus, log)
+            bus = await connect(settings, name)
+            connected.append(bus)
+            log.info("service.started", nats=settings.nats_url, metrics_port=settings.metrics_port)
+            work: asyncio.Future[None] = asyncio.ensure_future(main(bus, stop))
+            try:
+                await _until_done_or_stranded(work, stop, bus, log)
+            finally:
+                if not work.done():  # cancelled ourselves (the loop is closing): so is main
+                    await _cancel(work, within=STRANDED_AFTER)
+                await bus.close()  # no drain without a server: then it just closes
+                log.info("service.stopped")
         finally:
-            if not work.done():  # cancelled ourselves (the loop is closing): so is main
-                await _cancel(work, within=STRANDED_AFTER)
-            await bus.close()  # no drain without a server: then it just closes
-            log.info("service.stopped")
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+
+
+def _bus_down(connected: list[Bus]) -> str | None:
+    if not connected:
+        return "not connected to NATS yet"
+    return None if connected[0].nc.is_connected else "NATS disconnected (reconnecting)"
 
 
 async def _until_done_or_stranded(
@@ -100,10 +122,10 @@ async def _cancel(work: asyncio.Future[None], *, within: float) -> None:
         work.exception()  # retrieved: a clean-up's error is not logged as never retrieved
 
 
-def run_service(name: str, settings: Settings, main: Main) -> None:
+def run_service(name: str, settings: Settings, main: Main, probes: Probes | None = None) -> None:
     configure(settings.log_level, service=name)
     try:
-        eventloop.run(serve(name, settings, main))
+        eventloop.run(serve(name, settings, main, probes))
     except ServiceExit as e:
         get_logger(name).error("service.exit", code=e.code, reason=e.reason)
         # All it held is closed (bus, engine): skip the interpreter's finalization, which

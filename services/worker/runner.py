@@ -110,6 +110,13 @@ class Runner:
         self.aborting: set[asyncio.Future[None]] = set()
         self.cancelled = Tombstones()
         self.newest = NewestSteps()
+        # The engine's last sign of life (monotonic): a delta, a request leaving it, or
+        # work reaching it idle. `stalled_for` reads it from the probes' thread.
+        self.progress_at = time.monotonic()
+
+    def stalled_for(self) -> float:
+        """Seconds the engine has held requests without a delta or an end; 0 when idle."""
+        return time.monotonic() - self.progress_at if self.running else 0.0
 
     def observe(self, tenant: str, session: str, step: int) -> None:
         """A router admitted `step` of the session: its older steps not started here are
@@ -249,6 +256,8 @@ class Runner:
         text: list[str] = []
         usage = Usage()
         finish: FinishReason | None = None
+        if not self.running:  # an idle engine's stall is counted from its first request
+            self.progress_at = time.monotonic()
         self.running.add(req.id)
         if req.session is not None and req.step is not None:
             self.unbegun.setdefault((req.tenant, req.session), {})[req.id] = req.step
@@ -271,6 +280,7 @@ class Runner:
         try:
             async for delta in self.engine.generate(engine_req):
                 last = time.time()
+                self.progress_at = time.monotonic()
                 kv_params = delta.kv_transfer_params or kv_params
                 if delta.text:
                     if first is None:
@@ -303,6 +313,7 @@ class Runner:
         finally:
             self.running.discard(req.id)
             held_to = self.engine_time.finish(time.time())
+            self.progress_at = time.monotonic()
             self._begun(req)
             superseded = req.id in self.superseded
             self.superseded.discard(req.id)

@@ -8,6 +8,9 @@ what it holds (the runner answers a request that has streamed tokens with an
 `engine_error`, and hands every other back for redelivery), beats a last time without
 partitions, deletes its heartbeat and exits with `ENGINE_DEAD_EXIT` (3), so its
 supervisor (compose's `restart: unless-stopped`, k8s) starts a fresh one.
+
+It heartbeats, and its probes pass (`services/worker/probes.py`), only once its engine
+has answered a warm-up request.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from nats.aio.msg import Msg
 from services.worker.gpu import GpuTelemetry
 from services.worker.heartbeat import beat
 from services.worker.ownership import Ownership
+from services.worker.probes import WorkerHealth, warm_up
 from services.worker.runner import Runner
 from services.worker.settings import WorkerSettings
 from switchyard import subjects
@@ -31,6 +35,7 @@ from switchyard.engines.factory import make_engine
 from switchyard.errors import DecodeError, ErrorCode
 from switchyard.logging import get_logger
 from switchyard.messages.inference import ErrorInfo, GenerateRequest, NewestStep
+from switchyard.probes import Probes
 from switchyard.service import ServiceExit
 
 log = get_logger(__name__)
@@ -39,9 +44,20 @@ log = get_logger(__name__)
 ENGINE_DEAD_EXIT = 3
 
 
-async def run_worker(bus: Bus, stop: asyncio.Event, settings: WorkerSettings) -> None:
+async def run_worker(
+    bus: Bus, stop: asyncio.Event, settings: WorkerSettings, probes: Probes | None = None
+) -> None:
+    """`probes`: the service's (served beside /metrics), which the worker's checks join."""
+    health = WorkerHealth(probes if probes is not None else Probes(), settings.liveness_stall)
     engine = make_engine(settings.engine, instances=settings.engine_instances)
     await engine.start()
+    health.starting = "warming up: the engine has not answered its warm-up request yet"
+    try:
+        took = await warm_up(engine)
+    except BaseException:
+        await engine.close()
+        raise
+    log.info("worker.warmed_up", engine=engine.kind, seconds=round(took, 3))
     halt = asyncio.Event()  # SIGTERM, or the engine died: stop pulling, settle, leave
     wake = asyncio.Event()  # heartbeat now
     died: list[EngineDead] = []
@@ -53,6 +69,7 @@ async def run_worker(bus: Bus, stop: asyncio.Event, settings: WorkerSettings) ->
         wake.set()
 
     runner = Runner(bus.nc, bus.js, engine, settings.worker_id, on_engine_dead=engine_died)
+    health.serving(runner)
 
     async def on_work(msg: Msg) -> None:
         req = decode(msg.data, GenerateRequest, max_bytes=settings.max_message_bytes)

@@ -54,3 +54,7 @@ class WorkerSettings(Settings):
     max_attempts: int = Field(default=5, ge=1)
     # The WORK consumers' ack wait (the topology's, same variable): in_progress() every third.
     work_ack_wait: float = Field(default=5.0, gt=0)
+    # /healthz fails once the engine has held requests this long without a token or an
+    # end (services/worker/probes.py): longer than any step or prefill (a long prompt on
+    # llama.cpp's CPU is tens of seconds), so only a stuck engine trips it.
+    liveness_stall: float = Field(default=120.0, gt=0)

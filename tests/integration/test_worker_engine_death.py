@@ -3,8 +3,9 @@
 A request that has streamed tokens to its client is answered once with `engine_error`;
 every other is handed back (naked) and answered by the worker its partition goes to;
 the dying worker stops pulling, beats `draining` at once, then one last time without
-partitions, deletes its heartbeat and exits with `ENGINE_DEAD_EXIT`. The real engine
-(vLLM's EngineCore killed under load) is `tests/vllm/test_engine_death.py`.
+partitions, deletes its heartbeat and exits with `ENGINE_DEAD_EXIT`; its `/readyz` fails
+from the death on, before it exits. The real engine (vLLM's EngineCore killed under load)
+is `tests/vllm/test_engine_death.py`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import asyncio
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
 
 import services.worker.service as worker_service
+from services.worker.probes import WARM_UP
 from services.worker.runner import Runner
 from services.worker.service import ENGINE_DEAD_EXIT, run_worker
 from services.worker.settings import WorkerSettings
@@ -44,16 +47,20 @@ from switchyard.messages.inference import (
     Sampling,
     TokenFrame,
 )
-from switchyard.service import ServiceExit
+from switchyard.ports import free_port
+from switchyard.probes import Probes
+from switchyard.service import ServiceExit, serve
 from tests.support.fleet import provision_pool, work_subject, worker_in_process
 from tests.support.poll import until
+from tests.support.probes import probe
 
 TALK = "talk"  # a prompt starting so makes the double stream a token before it dies
 
 
 class DyingEngine:
-    """Holds every request until `die` is set, then raises `EngineDead` in all of them;
-    one whose prompt starts with TALK has produced a token by then."""
+    """Answers the worker's warm-up; holds every other request until `die` is set, then
+    raises `EngineDead` in all of them; one whose prompt starts with TALK has produced a
+    token by then. `close` waits for `may_close` (a slow engine shutdown)."""
 
     kind: EngineKind = "sim"
     capabilities = Capabilities(vision=False, json_schema=False, grammar=False, regex=False,
@@ -63,12 +70,17 @@ class DyingEngine:
 
     def __init__(self) -> None:
         self.die = asyncio.Event()
+        self.may_close = asyncio.Event()
+        self.may_close.set()
         self.entered: set[str] = set()
 
     async def start(self) -> None:
         return None
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
+        if request.request_id == WARM_UP.request_id:
+            yield Delta("OK", 1, prompt_tokens=3, finish_reason="stop")
+            return
         self.entered.add(request.request_id)
         if self.die.is_set():
             raise EngineDead("engine core died (test double)")
@@ -85,7 +97,7 @@ class DyingEngine:
         return EngineStats()
 
     async def close(self) -> None:
-        return None
+        await self.may_close.wait()
 
 
 def chat(pool: str, tenant: str, text: str, *, stream: bool = True, **kw: Any) -> GenerateRequest:
@@ -261,3 +273,41 @@ async def test_worker_exits_3_and_its_work_moves(
             assert final.type == "end" and final.result is not None
             assert final.result.status == "ok" and final.result.worker == f"{pool}-next"
             assert final.attempt == 2  # the redelivery
+
+
+async def test_readiness_fails_from_the_death_until_the_exit(
+    bus: Bus, unique: str, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool, tenant = f"d{unique}", f"t{unique}"
+    await provision_pool(bus.js, pool)
+    engine = DyingEngine()
+    engine.may_close.clear()  # the exit waits for the engine's shutdown, which waits for us
+    monkeypatch.setattr(worker_service, "make_engine", lambda *args, **kw: engine)
+    port = free_port()
+    settings = WorkerSettings(
+        nats_url=nats_url, worker_id=f"{pool}-dying", pool=pool, assignment="static",
+        partitions=4, metrics_port=port,
+    )  # fmt: skip
+    probes = Probes()  # as `python -m services.worker` runs it: the service's and the worker's
+    main = partial(run_worker, settings=settings, probes=probes)
+    served = asyncio.create_task(serve(f"test-{settings.worker_id}", settings, main, probes))
+
+    async def ready() -> bool:
+        return (await probe(port, "readyz"))[0] == 200
+
+    await until(ready, timeout=30, what="the worker ready")
+    req = chat(pool, tenant, "quiet", session="s0")
+    await publish(bus.js, work_subject(req), req)
+    await until(lambda: req.id in engine.entered, timeout=20, what="the request on the engine")
+    engine.die.set()
+
+    async def says_dead() -> bool:
+        status, body = await probe(port, "readyz")
+        return status == 503 and "the engine died" in body["checks"]["engine"]
+
+    await until(says_dead, timeout=10, what="readyz failing after the engine died")
+    assert not served.done(), "seen before the worker exits"
+    engine.may_close.set()
+    with pytest.raises(ServiceExit) as exit_:
+        await asyncio.wait_for(served, timeout=20)
+    assert exit_.value.code == ENGINE_DEAD_EXIT

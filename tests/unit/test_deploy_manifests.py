@@ -50,6 +50,7 @@ from switchyard.engines.llamacpp import LlamaCppSettings
 from switchyard.engines.sim import SimSettings
 from switchyard.engines.vllm import VllmSettings
 from switchyard.natsserver import version as nats_version
+from switchyard.probes import PROBES
 from switchyard.sqldb.settings import AdminSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -584,6 +585,26 @@ def test_k8s_every_workload_has_probes_and_a_disruption_budget() -> None:
         assert name in budgets, f"{name} has no PodDisruptionBudget"
         for c in doc["spec"]["template"]["spec"]["containers"]:
             assert {"startupProbe", "readinessProbe", "livenessProbe"} <= set(c), name
+
+
+def test_probes_poll_what_each_service_answers_them_with() -> None:
+    """The edge's probes are its own routes; every other service's are `switchyard.probes`'
+    paths on its metrics port, never `/metrics`, which answers from before the service is
+    connected (a worker: before its engine loaded) to its exit."""
+    paths = dict(zip(("startupProbe", "readinessProbe", "livenessProbe"),
+                     (f"/{p}" for p in PROBES), strict=True))  # fmt: skip
+    for doc in k8s_kind("Deployment") + k8s_kind("StatefulSet"):
+        if doc["metadata"]["name"] == "edge":
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            (port,) = [p["containerPort"] for p in c["ports"] if p["name"] == "metrics"]
+            for probe, path in paths.items():
+                assert c[probe]["httpGet"] == {"path": path, "port": port}, (c["name"], probe)
+    for name, svc in compose()["services"].items():
+        command = svc.get("command", [])
+        if command[1:2] == ["-m"] and command[2] != "services.edge":
+            test = " ".join(svc["healthcheck"]["test"])
+            assert "/readyz' % os.environ['SY_METRICS_PORT']" in test, name
 
 
 def test_k8s_edge_scales_on_queue_depth() -> None:
