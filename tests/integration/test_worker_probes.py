@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlparse
@@ -181,6 +182,19 @@ async def test_liveness_fails_while_the_engine_stalls_holding_work_not_while_idl
         await asyncio.sleep(2.5)  # proving a negative: idle for longer than the stall limit
         status, body = await probe(port, "healthz")
         assert status == 200 and body["checks"]["engine"] == "ok", body
+
+        # A long answer, a token each step (~13 ms): live all along, longer than the limit.
+        answer = Stream(bus, chat(pool, "hello", max_tokens=300))
+        started = time.monotonic()
+        await answer.send()
+        looks: list[int] = []
+
+        async def answered() -> bool:
+            looks.append((await probe(port, "healthz"))[0])
+            return answer.final() is not None
+
+        await until(answered, timeout=60, what="the long answer")
+        assert time.monotonic() - started > 1.0 and set(looks) == {200}, looks
 
         stream = Stream(bus, chat(pool, "word " * 6000, max_tokens=4))
         await stream.send()
