@@ -23,7 +23,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from switchyard import children, eventloop
+from switchyard import children, eventloop, otel
 from switchyard.bus.connection import Bus, connect
 from switchyard.config import Settings
 from switchyard.logging import configure, get_logger
@@ -106,6 +106,7 @@ def run_service(name: str, settings: Settings, main: Main) -> None:
         eventloop.run(serve(name, settings, main))
     except ServiceExit as e:
         get_logger(name).error("service.exit", code=e.code, reason=e.reason)
+        otel.shutdown()  # the spans still queued go to the collector (as below)
         # All it held is closed (bus, engine): skip the interpreter's finalization, which
         # in a process holding torch and vLLM is seconds of garbage collection (10 s and
         # more on a busy host) before its supervisor may start the next one.
@@ -113,3 +114,5 @@ def run_service(name: str, settings: Settings, main: Main) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(e.code)
+    finally:
+        otel.shutdown()  # the spans still queued go to the collector
