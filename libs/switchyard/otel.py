@@ -54,8 +54,9 @@ class Hop:
     def __init__(self, traceparent: str | None) -> None:
         self.traceparent = traceparent  # what the service sends onward
 
-    def child(self, name: str, start: float | None, end: float | None, **attrs: Any) -> None:
-        """A stage of this hop that ran from `start` to `end` (Unix seconds)."""
+    def child(self, name: str, start: float | None, end: float | None) -> None:
+        """A stage of this hop that ran from `start` to `end` (Unix seconds); nothing
+        when either is None (a stage this request did not go through)."""
 
     def fail(self, code: str, reason: str) -> None:
         """The request ended in error at this hop."""
@@ -110,7 +111,8 @@ def _ns(at: float | None) -> int | None:
 
 
 def _attrs(attrs: Mapping[str, Any]) -> dict[str, str | int | float | bool]:
-    return {k: v for k, v in attrs.items() if isinstance(v, str | int | float | bool)}
+    # OpenTelemetry takes no None: an attribute the request does not have is left out.
+    return {k: v for k, v in attrs.items() if v is not None}
 
 
 class _LiveHop(Hop):
@@ -119,16 +121,15 @@ class _LiveHop(Hop):
         super().__init__(f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}")
         self._tracer, self._span = tracer, span
 
-    def child(self, name: str, start: float | None, end: float | None, **attrs: Any) -> None:
+    def child(self, name: str, start: float | None, end: float | None) -> None:
         if start is None or end is None:
-            return  # a stage this request did not go through
+            return
         from opentelemetry.trace import set_span_in_context
 
-        parent = set_span_in_context(self._span)
         span = self._tracer.start_span(
-            name, context=parent, start_time=_ns(start), attributes=_attrs(attrs)
+            name, context=set_span_in_context(self._span), start_time=_ns(start)
         )
-        span.end(end_time=_ns(max(start, end)))
+        span.end(end_time=_ns(max(start, end)))  # stamps of two clocks may cross
 
     def fail(self, code: str, reason: str) -> None:
         from opentelemetry.trace import Status, StatusCode
