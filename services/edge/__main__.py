@@ -12,6 +12,7 @@ from uvicorn.config import STARTUP_FAILURE
 from services.edge.app import create_app
 from services.edge.server import server_config
 from services.edge.settings import EdgeSettings
+from switchyard import otel
 from switchyard.logging import configure
 from switchyard.metrics import serve_metrics
 
@@ -23,6 +24,7 @@ def main() -> None:
     server = uvicorn.Server(server_config(settings, create_app(settings)))
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is a stop
         server.run()
+    otel.shutdown()  # the spans still queued go to the collector
     if not server.started:
         sys.exit(STARTUP_FAILURE)
 

@@ -2,7 +2,9 @@
 and the security headers of every response (`SecurityHeaders`).
 
 The trace is the client's W3C `traceparent` when it sent a valid one, else a new one;
-it is echoed in the response so a client can find its request with `sy trace`.
+it is echoed in the response so a client can find its request with `sy trace`. With
+tracing on (`switchyard.otel`) the request is the edge's span, and what the edge sends
+the fleet (and echoes) is that span's traceparent.
 
 Pure ASGI (not BaseHTTPMiddleware) so streaming responses are not buffered and
 a client disconnect still reaches the endpoint.
@@ -18,9 +20,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.edge import metrics
 from services.edge.errors import ApiError
+from switchyard import otel
 from switchyard.ids import new_id
 from switchyard.logging import bind_request
-from switchyard.tracing import accept
+from switchyard.tracing import continued, new_traceparent
 
 ROUTES = frozenset(
     {
@@ -42,16 +45,16 @@ class EdgeMiddleware:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.path_caps = path_caps or {}  # a larger (or smaller) cap for some paths
+        self.tracer = otel.tracer("edge")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         request_id = new_id()
-        traceparent = accept(_header(scope, b"traceparent"))
         started, status = time.perf_counter(), 500
         state = scope.setdefault("state", {})
-        state.update(request_id=request_id, traceparent=traceparent, arrived=started)
+        state.update(request_id=request_id, arrived=started)
         path = scope.get("path", "")
         route = path if path in ROUTES else "other"  # bounded label cardinality
         cap = self.path_caps.get(path, self.max_body_bytes)
@@ -62,6 +65,15 @@ class EdgeMiddleware:
             await _send_error(send, err, request_id)
             metrics.REQUESTS.labels(route, "413").inc()
             return
+
+        # The client's trace continues in ours; an invalid header starts a new one (the
+        # spec's rule, not a failed request), and so does none. Only the API is traced,
+        # not the probes and scrapes.
+        tracer = self.tracer if path.startswith("/v1/") else otel.OFF
+        client = continued(_header(scope, b"traceparent"))
+        hop = tracer.begin("edge", client, route=route, request_id=request_id)
+        traceparent = hop.traceparent or new_traceparent()
+        state.update(traceparent=traceparent)
 
         seen = 0
 
@@ -95,6 +107,9 @@ class EdgeMiddleware:
         finally:
             metrics.INFLIGHT.dec()
             metrics.REQUESTS.labels(route, str(status)).inc()
+            if otel.http_failed(status):
+                hop.fail(f"http_{status}", f"answered {status}")
+            hop.end()
 
 
 # On every response: no MIME sniffing (a JSON body or an uploaded text never runs as a

@@ -12,7 +12,7 @@ import time
 
 from services.executor import metrics
 from services.executor.settings import ExecutorSettings
-from switchyard import subjects
+from switchyard import otel, subjects
 from switchyard.bus import rpc
 from switchyard.bus.connection import Bus
 from switchyard.errors import SwitchyardError
@@ -34,11 +34,16 @@ async def run_executor(bus: Bus, stop: asyncio.Event, settings: ExecutorSettings
             "executor.db_login_failed", mysql=f"{settings.mysql_host}:{settings.mysql_port}"
         )
     inflight = InFlight()
+    tracer = otel.tracer("executor")
 
     async def handle(req: ExecuteRequest) -> ExecuteReply:
         metrics.INFLIGHT.inc()
         try:
-            with inflight, bind_request(req.id, req.tenant, req.trace):
+            with (
+                inflight,
+                bind_request(req.id, req.tenant, req.trace),
+                tracer.hop("executor", req.trace),
+            ):
                 started = time.perf_counter()
                 decision = await executor.handle(req)
                 event = decision.audit.event

@@ -33,7 +33,7 @@ from services.preprocessor.layout import (
 )
 from services.preprocessor.settings import PreprocessorSettings
 from services.preprocessor.window import Window, WindowStore, assemble, remember
-from switchyard import subjects
+from switchyard import otel, subjects
 from switchyard.agentactions import answer_token_budget
 from switchyard.agentprompt import AgentLayout, build_messages
 from switchyard.answers import answer, refusal_for
@@ -173,10 +173,14 @@ async def run_agent(bus: Bus, stop: asyncio.Event, settings: PreprocessorSetting
     preparer = FramePreparer(limits_from(settings), settings.frame_procs, settings.frame_cache)
     await preparer.warm_up()
     offsets = ClockOffsets()
+    tracer = otel.tracer("preprocessor")
 
     async def on_step(msg: Msg) -> None:
         step = decode(msg.data, AgentStep, max_bytes=settings.max_message_bytes)
-        with bind_request(step.id, step.tenant, step.trace):
+        with (
+            bind_request(step.id, step.tenant, step.trace),
+            tracer.hop("preprocessor", step.trace) as hop,
+        ):
             # Staleness on the fleet's clock: the frame's capture time moved by the
             # session's estimated client clock offset (clock.py), here and downstream.
             sent = step.sent_at if step.sent_at is not None else step.created_at
@@ -186,6 +190,7 @@ async def run_agent(bus: Bus, stop: asyncio.Event, settings: PreprocessorSetting
             stale = stale_frame(age, step.stale_after, where="at preprocessing")
             if stale is not None:
                 metrics.STALE.inc()
+                hop.fail(stale.code, stale.reason)
                 await _refuse(bus, step, settings.agent_pool, stale.status, stale.code,
                               stale.reason)  # fmt: skip
                 return
@@ -197,6 +202,7 @@ async def run_agent(bus: Bus, stop: asyncio.Event, settings: PreprocessorSetting
             if isinstance(prepared, FrameRejected):
                 log.info("agent.frame_rejected", code=prepared.code, reason=prepared.reason)
                 pool = settings.agent_pool
+                hop.fail(prepared.code, prepared.reason)
                 await _refuse(bus, step, pool, "rejected", prepared.code, prepared.reason)
                 return
             win: Window | None = None
@@ -204,7 +210,8 @@ async def run_agent(bus: Bus, stop: asyncio.Event, settings: PreprocessorSetting
                 win = await assemble(windows, step, prepared[-1], choice.window, budget)
                 prepared = win.frames
             req = to_generate(step, prepared, settings, choice.layout).model_copy(
-                update={"clock_offset": offset}  # clamped by `observe` to the field's range
+                # The offset is clamped by `observe` to the field's range.
+                update={"clock_offset": offset, "trace": hop.traceparent}
             )
             if win is not None:
                 # Stored before the request leaves: the session's next step comes after

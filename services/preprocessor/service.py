@@ -15,7 +15,7 @@ import contextlib
 from nats.aio.msg import Msg
 
 from services.preprocessor.settings import PreprocessorSettings
-from switchyard import subjects
+from switchyard import otel, subjects
 from switchyard.answers import answer, result_for
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import PullLoop, RetryPolicy
@@ -32,10 +32,16 @@ CHAT_DURABLE = "preprocessor-chat"
 
 
 async def run_chat(bus: Bus, stop: asyncio.Event, settings: PreprocessorSettings) -> None:
+    tracer = otel.tracer("preprocessor")
+
     async def on_chat(msg: Msg) -> None:
         chat = decode(msg.data, ChatRequest, max_bytes=settings.max_message_bytes)
-        with bind_request(chat.id, chat.tenant, chat.trace):
-            req = prepare_chat(chat, settings.chat_pool)
+        with (
+            bind_request(chat.id, chat.tenant, chat.trace),
+            tracer.hop("preprocessor", chat.trace) as hop,
+        ):
+            req = prepare_chat(chat.model_copy(update={"trace": hop.traceparent}),
+                               settings.chat_pool)  # fmt: skip
             subject = subjects.req("llm", req.tenant)
             await publish(bus.js, subject, req, msg_id=req.id, patience=FAILOVER_PATIENCE)
 

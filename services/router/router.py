@@ -31,7 +31,7 @@ from services.router import metrics
 from services.router.fleet import Fleet
 from services.router.sessions import SessionTable, route_id
 from services.router.settings import RouterSettings
-from switchyard import subjects
+from switchyard import otel, subjects
 from switchyard.answers import answer, result_for
 from switchyard.bus import streamread
 from switchyard.bus.connection import Bus
@@ -64,7 +64,7 @@ DISPATCH_PAUSE = 0.5
 class Queued:
     req: GenerateRequest
     msg: Msg
-    received: float
+    received: float  # delivered from REQ (Unix seconds)
     blocks: list[Block]  # the prompt's prefix blocks, hashed once at admission
 
 
@@ -146,6 +146,7 @@ class Router:
         self.cancelled = Tombstones()  # cancels of requests not (yet) queued here
         self.newest = NewestSteps()  # agent sessions' newest admitted step, from every router
         self.labels = metrics.tenant_labels(settings.top_tenants)
+        self.tracer = otel.tracer("router")
         self.queue_gauges = metrics.QueueGauges(self.labels)
         self.wake = asyncio.Event()
         self.settling: set[asyncio.Task[None]] = set()  # dispatches awaiting WORK's ack
@@ -220,6 +221,7 @@ class Router:
                 await pulling
 
     async def _admit(self, msg: Msg) -> None:
+        arrived = time.time()
         try:
             req = decode(msg.data, GenerateRequest, max_bytes=self.s.max_message_bytes)
         except DecodeError as exc:
@@ -229,7 +231,7 @@ class Router:
             return
         with bind_request(req.id, req.tenant, req.trace):
             if req.handoff is not None:  # a decode stage (the message's rule)
-                await self._admit_decode(req, req.handoff, msg)
+                await self._admit_decode(req, req.handoff, msg, arrived)
                 return
             queued = self.queue.get(req.id)
             if queued is not None:  # redelivered while we still hold it: keep the newer handle
@@ -284,7 +286,7 @@ class Router:
                     request_id=req.id, tenant=req.tenant, priority=admitted.priority,
                     prompt_tokens=req.prompt_tokens, max_tokens=req.sampling.max_tokens,
                     partition=partition(self._key(req, blocks), self.s.partitions),
-                    enqueued_at=now, payload=Queued(stamped, msg, now, blocks),
+                    enqueued_at=now, payload=Queued(stamped, msg, arrived, blocks),
                 )
             )  # fmt: skip
             notice = _newest_step(req)
@@ -292,7 +294,9 @@ class Router:
                 await self._announce(notice)
             self.wake.set()
 
-    async def _admit_decode(self, req: GenerateRequest, handoff: KvHandoff, msg: Msg) -> None:
+    async def _admit_decode(
+        self, req: GenerateRequest, handoff: KvHandoff, msg: Msg, arrived: float
+    ) -> None:
         """A prefill worker handed a request's decode stage back (#39): the prefill's credit
         comes back, as a result would give it, and the decode stage waits for a decode
         worker, ahead of new work. Its tenant was admitted at the prefill; what it reserved
@@ -320,7 +324,7 @@ class Router:
             self.admission.finished(req.id, None)
             await self._refuse(req, msg, late)
             return
-        self.decoding[req.id] = Queued(req, msg, now, [])
+        self.decoding[req.id] = Queued(req, msg, arrived, [])
 
     async def _announce(self, notice: NewestStep) -> None:
         """Tell every router and worker that `notice.step` is its session's newest (the
@@ -331,8 +335,11 @@ class Router:
             log.warning("router.announce_failed", error=repr(exc))
 
     async def _refuse(self, req: GenerateRequest, msg: Msg, refusal: Refusal) -> None:
-        result = result_for(req, refusal.status, refusal.error)
-        await answer(self.bus.nc, self.bus.js, result, req.reply)
+        with self.tracer.hop("router", req.trace, start=req.admitted_at) as hop:
+            if refusal.status in otel.FAILED:
+                hop.fail(refusal.code, refusal.reason)
+            result = result_for(req, refusal.status, refusal.error)
+            await answer(self.bus.nc, self.bus.js, result, req.reply)
         await msg.ack()
         metrics.ANSWERED.labels(refusal.status).inc()
         log.info("router.answered", status=refusal.status, code=refusal.code, reason=refusal.reason)
@@ -476,9 +483,16 @@ class Router:
             stage = req.stage
             if item is not None and worker in self.prefill_workers.get(req.pool, ()):
                 stage = "prefill"
+            # The router's span, from REQ's delivery to the WORK publish: admission, the
+            # fair queue (a decode stage has none: it waits ahead of it), the publish.
+            hop = self.tracer.begin("router", req.trace, start=queued.received,
+                                    worker=worker, partition=part, stage=stage)  # fmt: skip
+            enqueued = item.enqueued_at if item is not None else queued.received
+            hop.child("router.admit", queued.received, enqueued)
+            hop.child("router.queue", enqueued, now)
             sent = req.model_copy(
                 update={"dispatched_at": now, "partition": part, "routed_to": worker,
-                        "stage": stage}
+                        "stage": stage, "trace": hop.traceparent}
             )  # fmt: skip
             self.ledger.dispatch(
                 req.id,
@@ -499,8 +513,12 @@ class Router:
                     headers=trace_headers(sent, work_msg_id(sent)),
                 )  # fmt: skip
             except Exception as exc:
+                hop.fail("dispatch_failed", repr(exc))
+                hop.end()
                 self._undispatch(queued, item, exc)
                 return None
+            hop.child("router.dispatch", now, time.time())
+            hop.end()
             log.debug("router.dispatched", worker=worker, partition=part, reason=decision.reason,
                       stage=stage)  # fmt: skip
         task = asyncio.create_task(self._settle(queued, item, decision, stored, now))

@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 
 from services.sqlflow import metrics
 from services.sqlflow.settings import SqlflowSettings
-from switchyard import answers, subjects
+from switchyard import answers, otel, subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.consumer import PullLoop, RetryPolicy
 from switchyard.codec import decode, encode
@@ -54,6 +54,7 @@ def build_pipeline(bus: Bus, settings: SqlflowSettings, index: KnowledgeIndex) -
             model=settings.sql_model,
             lora=settings.sql_lora,
             idle_timeout=settings.model_idle_timeout,
+            tracer=otel.tracer("sqlflow"),
         ),
         GuardClient(bus, timeout=settings.guard_timeout),
         settings.flow_options(),
@@ -78,6 +79,7 @@ async def run_sqlflow(
         index = await asyncio.to_thread(open_index, settings.knowledge_index, settings.qdrant_url)
     pipeline = build_pipeline(bus, settings, index)
     running: dict[str, asyncio.Task[SqlAnswer]] = {}
+    tracer = otel.tracer("sqlflow")
 
     async def on_cancel(msg: Msg) -> None:
         """`cancel.<question id>` (the edge when its client goes away): stop the question;
@@ -91,43 +93,57 @@ async def run_sqlflow(
 
     async def on_ask(msg: Msg) -> None:
         ask = decode(msg.data, SqlAsk, max_bytes=settings.max_message_bytes)
-        with bind_request(ask.id, ask.tenant, ask.trace):
-            if ask.deadline is not None and ask.deadline < time.time():
-                reason = "the question's deadline passed before it was read"
-                await deliver(bus, error_answer(ask, "expired", reason), ask.reply)
-                return
+        with (
+            bind_request(ask.id, ask.tenant, ask.trace),
+            tracer.hop("sqlflow", ask.trace) as hop,
+        ):
+            await answer_one(ask, hop)
 
-            async def emit(stage: StageName, seconds: float, data: dict[str, Any]) -> None:
-                metrics.STAGE_SECONDS.labels(stage).observe(seconds)
-                if stage == "summary" and data.get("replaced"):
-                    metrics.SUMMARY_REPLACED.inc()
-                if ask.reply:
-                    event = StageEvent(tenant=ask.tenant, trace=ask.trace, request_id=ask.id,
-                                       stage=stage, seconds=seconds, data=data)  # fmt: skip
-                    await bus.nc.publish(ask.reply, encode(event))
+    async def answer_one(asked: SqlAsk, hop: otel.Hop) -> None:
+        # What the question sends onward (model calls, validator, executor, audit) is
+        # under this hop's span.
+        ask = asked.model_copy(update={"trace": hop.traceparent})
+        if ask.deadline is not None and ask.deadline < time.time():
+            reason = "the question's deadline passed before it was read"
+            hop.fail("expired", reason)
+            await deliver(bus, error_answer(ask, "expired", reason), ask.reply)
+            return
 
-            underway = Underway()
-            task = asyncio.create_task(pipeline.answer(ask, emit, underway))
-            running[ask.id] = task
-            beats = asyncio.create_task(keep_alive(ask, ask.reply, underway)) if ask.reply else None
-            try:
-                answer = await task
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise  # this process is stopping: the question is redelivered
-                # The asker cancelled it.
-                answer = error_answer(ask, "cancelled", "the asker cancelled the question")
-                await pipeline.audit(answer)
-            finally:
-                running.pop(ask.id, None)
-                if beats is not None:
-                    # Before the answer: no keepalive may follow it; and a question
-                    # this process gives up (stopping) falls silent with it.
-                    beats.cancel()
-            await deliver(bus, answer, ask.reply)
-            log.info("sqlflow.answered", path=answer.path, status=answer.status,
-                     seconds=round(answer.duration, 3))  # fmt: skip
+        async def emit(stage: StageName, seconds: float, data: dict[str, Any]) -> None:
+            metrics.STAGE_SECONDS.labels(stage).observe(seconds)
+            now = time.time()
+            hop.child(f"sqlflow.{stage}", now - seconds, now)
+            if stage == "summary" and data.get("replaced"):
+                metrics.SUMMARY_REPLACED.inc()
+            if ask.reply:
+                event = StageEvent(tenant=ask.tenant, trace=ask.trace, request_id=ask.id,
+                                   stage=stage, seconds=seconds, data=data)  # fmt: skip
+                await bus.nc.publish(ask.reply, encode(event))
+
+        underway = Underway()
+        task = asyncio.create_task(pipeline.answer(ask, emit, underway))
+        running[ask.id] = task
+        beats = asyncio.create_task(keep_alive(ask, ask.reply, underway)) if ask.reply else None
+        try:
+            answer = await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this process is stopping: the question is redelivered
+            # The asker cancelled it.
+            answer = error_answer(ask, "cancelled", "the asker cancelled the question")
+            await pipeline.audit(answer)
+        finally:
+            running.pop(ask.id, None)
+            if beats is not None:
+                # Before the answer: no keepalive may follow it; and a question
+                # this process gives up (stopping) falls silent with it.
+                beats.cancel()
+        if answer.status == "error" and answer.error is not None:
+            hop.fail(answer.error.code, answer.error.reason)
+        await deliver(bus, answer, ask.reply)
+        log.info("sqlflow.answered", path=answer.path, status=answer.status,
+                 seconds=round(answer.duration, 3))  # fmt: skip
 
     async def keep_alive(ask: SqlAsk, reply: str, underway: Underway) -> None:
         """A `StageProgress` on the asker's inbox now (the question is taken: the asker's

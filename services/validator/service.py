@@ -11,7 +11,7 @@ import time
 
 from services.validator import metrics
 from services.validator.settings import ValidatorSettings
-from switchyard import subjects
+from switchyard import otel, subjects
 from switchyard.bus import rpc
 from switchyard.bus.connection import Bus
 from switchyard.errors import SwitchyardError
@@ -30,9 +30,14 @@ async def run_validator(bus: Bus, stop: asyncio.Event, settings: ValidatorSettin
         PolicyStore(settings.sql_policy_dir), settings.sql_signing_key.get_secret_value().encode()
     )
     inflight = InFlight()
+    tracer = otel.tracer("validator")
 
     async def handle(req: ValidateRequest) -> ValidateReply:
-        with inflight, bind_request(req.id, req.tenant, req.trace):
+        with (
+            inflight,
+            bind_request(req.id, req.tenant, req.trace),
+            tracer.hop("validator", req.trace),
+        ):
             started = time.perf_counter()
             reply, event, verdict = approver.decide(req)
             metrics.LATENCY.observe(time.perf_counter() - started)

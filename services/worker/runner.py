@@ -40,7 +40,7 @@ from nats.js import JetStreamContext
 from services.worker import metrics
 from services.worker.enginetime import EngineTime
 from services.worker.output import Cut, agent_answer
-from switchyard import subjects
+from switchyard import otel, subjects
 from switchyard.agentactions import Answer
 from switchyard.answers import answer, result_for, route_of
 from switchyard.bus.publish import FAILOVER_PATIENCE, publish
@@ -98,6 +98,7 @@ class Runner:
         # Asked once: isinstance against a runtime Protocol costs ~20 us a call.
         self.cost_model = engine if isinstance(engine, ModelsCost) else None
         self.worker_id = worker_id
+        self.tracer = otel.tracer("worker")
         self.on_engine_dead = on_engine_dead
         self.dead: EngineDead | None = None  # the engine's death, once seen
         self.running: set[str] = set()
@@ -166,13 +167,27 @@ class Runner:
             done.set_result(None)
 
     async def _handle(self, req: GenerateRequest, attempt: int) -> None:
-        with bind_request(req.id, req.tenant, req.trace):
+        # The worker's span runs from the WORK publish (the router's stamp), so its queue
+        # stage is the wait in WORK and for an engine slot; its stages are laid out from
+        # the same stamps the result's route carries (what `sy trace` shows).
+        with (
+            bind_request(req.id, req.tenant, req.trace),
+            self.tracer.hop("worker", req.trace, start=req.dispatched_at, worker=self.worker_id,
+                            stage=req.stage, attempt=attempt) as hop,
+        ):  # fmt: skip
             # A prefill stage streams nothing: its one token is the decode stage's to send.
             reply = req.reply if req.stage != "prefill" else None
             writer = TokenStreamWriter(self.nc, reply, attempt=attempt) if reply else None
             outcome = await self._run(req, writer)
+            route = route_of(req, time.time(), outcome.started_at, outcome.first_token_at)
+            hop.child("worker.queue", req.dispatched_at, route.started_at)
+            hop.child("worker.prefill", route.started_at, route.first_token_at)
+            hop.child("worker.decode", route.first_token_at, route.finished_at)
+            if outcome.status in otel.FAILED:
+                error = outcome.error
+                hop.fail(error.code if error else outcome.status, error.reason if error else "")
             if req.stage == "prefill" and outcome.status == "ok":
-                await self._hand_off(req, outcome)
+                await self._hand_off(req.model_copy(update={"trace": hop.traceparent}), outcome)
                 return
             route = route_of(req, time.time(), outcome.started_at, outcome.first_token_at)
             result = result_for(

@@ -16,7 +16,14 @@ import pytest
 
 from switchyard.bench.peers import peers, simfleet
 from switchyard.bench.peers.cpu import LOAD_GENERATOR
-from switchyard.bench.peers.overhead import SMG, SY_EDGE, SY_NATS, OverheadConfig, run_overhead
+from switchyard.bench.peers.overhead import (
+    SMG,
+    SY_EDGE,
+    SY_NATS,
+    OverheadConfig,
+    run_overhead,
+    traced,
+)
 from switchyard.bench.peers.routing import RoutingConfig, run_routing
 from switchyard.bench.peers.stats import parse_metrics
 from switchyard.bench.routeload import ChatConfig
@@ -150,3 +157,15 @@ def test_the_overhead_run_reports_hops_and_cpu_per_process_for_both_paths(
     idle_ms = 2 * blocks * 1000 / os.sysconf("SC_CLK_TCK") / cfg.requests
     billed = (result.columns[SMG].cpu_ms_per_request or {}).get("edge", 0.0)
     assert billed <= idle_ms < (edge.cpu_ms_per_request or {})["edge"], (billed, idle_ms)
+
+
+@pytest.mark.skipif(not (_installed(peers.VLLM_ROUTER) and _installed(peers.SMG)),
+                    reason="a peer is not installed (pip install -e '.[bench]')")  # fmt: skip
+def test_the_overhead_run_adds_a_traced_edge_column_per_sampling_ratio(tmp_path: Path) -> None:
+    """`--trace-sample 1`: a fleet of its own with OpenTelemetry on, exporting every span
+    to the run's OTLP sink (tests/unit/test_otel.py: the sink takes the SDK's export),
+    measured beside the untraced edge."""
+    cfg = OverheadConfig(requests=40, concurrency=4, block=20, warmup=4, trace_samples=(1.0,))
+    result = run_overhead(cfg, tmp_path)
+    assert list(result.columns)[-1] == traced(1.0) == "switchyard edge, traced 100%"
+    assert {c.errors for c in result.columns.values()} == {0}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from switchyard.messages.sql import SqlAsk
-from switchyard.tracing import accept, child, is_valid, new_traceparent, trace_id
+from switchyard.tracing import accept, is_valid, new_traceparent, trace_id
 
 CLIENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -36,13 +36,6 @@ def test_a_valid_client_header_is_continued() -> None:
     assert accept(CLIENT) == CLIENT
     assert accept(f"  {CLIENT} ") == CLIENT
     assert trace_id(CLIENT) == "4bf92f3577b34da6a3ce929d0e0e4736"
-
-
-def test_a_child_keeps_the_trace_and_flags_with_a_new_span() -> None:
-    kid = child(CLIENT)
-    assert is_valid(kid) and trace_id(kid) == trace_id(CLIENT)
-    assert kid.split("-")[2] != CLIENT.split("-")[2] and kid.endswith("-01")
-    assert trace_id(child(None)) is not None  # no parent: a root of its own
 
 
 def test_every_envelope_carries_a_trace_unless_given_one() -> None:

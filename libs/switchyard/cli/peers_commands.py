@@ -83,12 +83,17 @@ def _stop_cleanly_on_signals() -> None:
     signal.signal(signal.SIGINT, interrupt)
 
 
-def _overhead_cfg(requests: int, concurrency: int, block: int, tls: bool = False) -> OverheadConfig:
+def _overhead_cfg(
+    requests: int, concurrency: int, block: int, tls: bool = False,
+    trace_samples: list[float] | None = None,
+) -> OverheadConfig:  # fmt: skip
     from switchyard.bench.peers.overhead import OverheadConfig
 
-    return OverheadConfig(
-        requests=requests, concurrency=concurrency, block=min(block, requests), tls=tls
-    )
+    samples = tuple(trace_samples or ())
+    if any(not 0.0 <= r <= 1.0 for r in samples):
+        raise typer.BadParameter(f"--trace-sample takes ratios from 0 to 1, not {samples}")
+    return OverheadConfig(requests=requests, concurrency=concurrency, block=min(block, requests),
+                          tls=tls, trace_samples=samples)  # fmt: skip
 
 
 def _routing_cfg(sessions: int, steps: int, backends: int, delay_scale: float, seed: int,
@@ -117,6 +122,11 @@ BLOCK = typer.Option(200, min=10, help="overhead: requests per interleaved block
 TLS = typer.Option(
     False, "--tls", help="overhead: Switchyard's NATS over TLS with client certificates"
 )
+TRACE_SAMPLE = typer.Option(
+    None, "--trace-sample",
+    help="overhead: also a Switchyard edge with OpenTelemetry on at this head-sampling ratio "
+         "(0..1, repeatable), exporting to a local OTLP sink",
+)  # fmt: skip
 WORKLOAD = typer.Option("agent", help="routing: agent (episodes) or chat (tenants)")
 SESSIONS = typer.Option(200, min=1, help="routing, agent: episodes, all at once")
 STEPS = typer.Option(20, min=1, help="routing, agent: steps per episode")
@@ -141,9 +151,10 @@ POLICY = typer.Option(None, "--policy", help="routing: only these columns (repea
 def overhead_cmd(
     requests: int = REQUESTS, concurrency: int = CONCURRENCY, block: int = BLOCK,
     out: Path = OUT, as_json: bool = AS_JSON, tls: bool = TLS,
+    trace_sample: list[float] | None = TRACE_SAMPLE,
 ) -> None:  # fmt: skip
     """Latency each router adds over one sim server, all paths interleaved in one run."""
-    _run(out, as_json, _overhead_cfg(requests, concurrency, block, tls), None)
+    _run(out, as_json, _overhead_cfg(requests, concurrency, block, tls, trace_sample), None)
 
 
 @peers.command("routing")

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from switchyard import subjects
+from switchyard import otel, subjects
 from switchyard.bus.connection import Bus
 from switchyard.bus.reply import Refused, Reply, failure
 from switchyard.errors import SwitchyardError
@@ -30,7 +30,6 @@ from switchyard.messages.inference import (
     TokenFrame,
 )
 from switchyard.token_estimate import estimate_tokens
-from switchyard.tracing import child
 
 
 @dataclass(frozen=True)
@@ -52,8 +51,10 @@ class FleetModel:
         model: str = "default",
         lora: str | None = None,
         idle_timeout: float = 30.0,
+        tracer: otel.Tracer = otel.OFF,
     ) -> None:
         self.bus = bus
+        self.tracer = tracer
         self.pool = pool
         self.model = model
         self.lora = lora
@@ -72,39 +73,43 @@ class FleetModel:
     ) -> Completion:
         """`streamed(n)` is told of each delta's `n` output tokens as they arrive (how far
         the call has got, for the question's keepalive frames)."""
-        started = time.perf_counter()
-        req = GenerateRequest(
-            tenant=tenant,
-            workload="sql",
-            pool=self.pool,
-            model=self.model,
-            messages=messages,
-            sampling=Sampling(max_tokens=max_tokens, temperature=0.0, seed=0),
-            constraint=constraint or NoConstraint(),
-            lora=self.lora,
-            cache_salt=tenant,
-            prompt_tokens=estimate_tokens(messages),
-            deadline=deadline,
-            trace=child(trace),
-            prepared_at=time.time(),
-        )
-        async with Reply(self.bus, GenerateResult, idle_timeout=self.idle_timeout) as reply:
-            await reply.start([(subjects.req("sql", tenant), req)])
-            try:
-                async for item in reply:
-                    if isinstance(item, TokenFrame) and streamed is not None:
-                        streamed(item.tokens)
-                    if isinstance(item, GenerateResult):
-                        if (info := failure(item)) is not None:
-                            raise SwitchyardError(
-                                f"model call {item.status}: {info.reason}", code=info.code
-                            )
-                        return Completion(item.text, item, req, time.perf_counter() - started)
-            except Refused as exc:
-                raise SwitchyardError(f"model call failed: {exc.reason}", code=exc.code) from None
-            except asyncio.CancelledError:
-                # The question was cancelled: stop the model too (best effort).
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(reply.cancel("question"))
-                raise
-        raise SwitchyardError("model stream ended without a result", code="engine_error")
+        # Its own span, so the router and worker that run it are under this call.
+        with self.tracer.hop("sqlflow.model", trace, model=self.model) as call:
+            started = time.perf_counter()
+            req = GenerateRequest(
+                tenant=tenant,
+                workload="sql",
+                pool=self.pool,
+                model=self.model,
+                messages=messages,
+                sampling=Sampling(max_tokens=max_tokens, temperature=0.0, seed=0),
+                constraint=constraint or NoConstraint(),
+                lora=self.lora,
+                cache_salt=tenant,
+                prompt_tokens=estimate_tokens(messages),
+                deadline=deadline,
+                trace=call.traceparent,
+                prepared_at=time.time(),
+            )
+            async with Reply(self.bus, GenerateResult, idle_timeout=self.idle_timeout) as reply:
+                await reply.start([(subjects.req("sql", tenant), req)])
+                try:
+                    async for item in reply:
+                        if isinstance(item, TokenFrame) and streamed is not None:
+                            streamed(item.tokens)
+                        if isinstance(item, GenerateResult):
+                            if (info := failure(item)) is not None:
+                                raise SwitchyardError(
+                                    f"model call {item.status}: {info.reason}", code=info.code
+                                )
+                            return Completion(item.text, item, req, time.perf_counter() - started)
+                except Refused as exc:
+                    raise SwitchyardError(
+                        f"model call failed: {exc.reason}", code=exc.code
+                    ) from None
+                except asyncio.CancelledError:
+                    # The question was cancelled: stop the model too (best effort).
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(reply.cancel("question"))
+                    raise
+            raise SwitchyardError("model stream ended without a result", code="engine_error")

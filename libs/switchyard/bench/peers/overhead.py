@@ -8,7 +8,10 @@ Columns, all fed the same short chat requests (non-streaming, a few output token
   c. `smg`: SGLang's gateway (`smg launch`, its default cache_aware policy) over it;
   d. `switchyard edge`: HTTP edge -> REQ (its record on INGRESS) -> router -> one sim worker;
   e. `switchyard nats`: a `GenerateRequest` published straight onto `req.llm.<tenant>`
-     (the router's input) and its token stream read back - Switchyard without HTTP.
+     (the router's input) and its token stream read back - Switchyard without HTTP;
+  f. `switchyard edge, traced R` (one per `trace_samples` ratio): column d on a fleet of
+     its own with OpenTelemetry on, head-sampling R of the requests, exporting to an
+     OTLP sink (`otlpsink`) - what tracing adds, beside column d without it.
 
 Every process is its own OS process on this machine, the load generator too (one asyncio
 client, shared by all columns). Columns run interleaved in blocks (`rounds`).
@@ -16,7 +19,9 @@ client, shared by all columns). Columns run interleaved in blocks (`rounds`).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +39,8 @@ from switchyard.bench.peers.syfleet import KEY, POOL, TENANT, switchyard_fleet
 from switchyard.bench.stats import Report
 from switchyard.fleet import FleetError, ProcessGroup
 from switchyard.messages.inference import ChatMessage, GenerateRequest, Sampling
+from switchyard.otel import SAMPLE_RATIO
+from switchyard.ports import free_port
 
 DIRECT, VLLM, SMG, SY_EDGE, SY_NATS = (
     "direct sim-server", "vllm-router", "smg", "switchyard edge", "switchyard nats",
@@ -49,6 +56,7 @@ class OverheadConfig:
     max_tokens: int = 8
     warmup: int = 50
     tls: bool = False  # NATS over TLS with client certificates, as in production
+    trace_samples: tuple[float, ...] = ()  # a traced edge column per head-sampling ratio
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,10 @@ class OverheadResult(Report):
     wall_s: float
 
 
+def traced(ratio: float) -> str:
+    return f"{SY_EDGE}, traced {ratio:.0%}"
+
+
 def _body(i: int, max_tokens: int) -> dict[str, object]:
     return {"model": simfleet.MODEL, "messages": numbered_messages(i), "max_tokens": max_tokens,
             "temperature": 0}  # fmt: skip
@@ -86,11 +98,25 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
             cmd = peers.command(peer, [backend], "cache_aware")
             await peers.start(group, cmd)
             routers[column] = cmd.url
-        async with switchyard_fleet(
-            log_dir / "overhead", workers=1, delay_scale=0.0, edge=True, tls=cfg.tls
-        ) as fleet:
-            if fleet.edge_url is None:
-                raise FleetError("the Switchyard fleet was started without its edge")
+        async with contextlib.AsyncExitStack() as stack:
+            fleet = await stack.enter_async_context(switchyard_fleet(
+                log_dir / "overhead", workers=1, delay_scale=0.0, edge=True, tls=cfg.tls
+            ))  # fmt: skip
+            edges = {SY_EDGE: fleet.edge_url}
+            if cfg.trace_samples:
+                port = free_port()
+                sink = f"http://127.0.0.1:{port}"
+                argv = [sys.executable, "-m", "switchyard.bench.peers.otlpsink", str(port)]
+                group.wait_http(group.start("otlp-sink", argv), sink, timeout=30)
+            for ratio in cfg.trace_samples:
+                env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink, SAMPLE_RATIO: str(ratio)}
+                traced_fleet = await stack.enter_async_context(switchyard_fleet(
+                    log_dir / f"overhead-traced-{ratio}", workers=1, delay_scale=0.0,
+                    edge=True, tls=cfg.tls, env=env,
+                ))  # fmt: skip
+                edges[traced(ratio)] = traced_fleet.edge_url
+            if None in edges.values():
+                raise FleetError("a Switchyard fleet was started without its edge")
             # A connection idle while the other columns ran is dropped before the servers'
             # own keep-alive timeout (uvicorn's is 5 s, httpx's default too): reusing one
             # the server is closing at that moment fails the request (`ReadError`).
@@ -99,13 +125,14 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
                 DIRECT: httpx.AsyncClient(base_url=backend, limits=limits, timeout=60),
                 **{c: httpx.AsyncClient(base_url=u, limits=limits, timeout=60)
                    for c, u in routers.items()},
-                SY_EDGE: httpx.AsyncClient(base_url=fleet.edge_url, limits=limits, timeout=60,
-                                           headers={"Authorization": f"Bearer {KEY}"}),
+                **{c: httpx.AsyncClient(base_url=str(u), limits=limits, timeout=60,
+                                        headers={"Authorization": f"Bearer {KEY}"})
+                   for c, u in edges.items()},
             }  # fmt: skip
 
             def over_http(column: str) -> Send:
                 http = clients[column]
-                model = "default" if column == SY_EDGE else simfleet.MODEL
+                model = "default" if column in edges else simfleet.MODEL
 
                 async def send(i: int) -> Outcome:
                     body = _body(i, cfg.max_tokens) | {"model": model}
@@ -123,7 +150,7 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
                 )  # fmt: skip
                 return await nats_generate(fleet.bus, req, timeout=60)
 
-            columns: dict[str, Send] = {c: over_http(c) for c in (DIRECT, VLLM, SMG, SY_EDGE)}
+            columns: dict[str, Send] = {c: over_http(c) for c in (DIRECT, VLLM, SMG, *edges)}
             columns[SY_NATS] = over_nats
             try:
                 records = await interleave(
@@ -135,7 +162,7 @@ async def _measure(cfg: OverheadConfig, log_dir: Path) -> OverheadResult:
                     await http.aclose()
     base = Latency.of([o.total_s for o in records[DIRECT].outcomes])
     out: dict[str, OverheadColumn] = {}
-    for name in COLUMNS:
+    for name in (*COLUMNS, *map(traced, cfg.trace_samples)):
         rec = records[name]
         lat = Latency.of([o.total_s for o in rec.outcomes])
         out[name] = OverheadColumn(

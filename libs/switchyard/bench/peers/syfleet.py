@@ -13,7 +13,7 @@ the identities), to measure what TLS costs on the NATS path.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,11 +39,11 @@ class SwitchyardFleet:
 @contextlib.asynccontextmanager
 async def switchyard_fleet(
     log_dir: Path, *, workers: int, delay_scale: float, edge: bool,
-    routing_policy: str = "switchyard", tls: bool = False,
+    routing_policy: str = "switchyard", tls: bool = False, env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[SwitchyardFleet]:  # fmt: skip
     """The fleet, ready (every partition bound; the edge answering), its logs in `log_dir`;
     its router placing requests by `routing_policy` (`SY_ROUTING_POLICY`); NATS over TLS
-    with `tls`."""
+    with `tls`; `env` for every service besides."""
     pool = Pool(POOL, workers, env_of(sim_delay_scale=delay_scale))
     with contextlib.ExitStack() as stack:
         nats_url: str | None = None  # launch's own embedded server, in the clear
@@ -53,7 +53,8 @@ async def switchyard_fleet(
         spec = FleetSpec(
             pools=(pool,), engine="sim", partitions=PARTITIONS,
             services=("router",),  # the edge prepares its chat itself
-            tenant_policy=UNMETERED, env=env_of(log_level="warning", chat_pool=POOL, **identity),
+            tenant_policy=UNMETERED,
+            env={**env_of(log_level="warning", chat_pool=POOL, **identity), **(env or {})},
             service_env={"router": env_of(routing_policy=routing_policy)},
             edge=Edge(keys={KEY: TENANT}, env=env_of(max_tokens_cap=4096)) if edge else None,
         )  # fmt: skip
