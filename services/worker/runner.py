@@ -189,7 +189,6 @@ class Runner:
             if req.stage == "prefill" and outcome.status == "ok":
                 await self._hand_off(req.model_copy(update={"trace": hop.traceparent}), outcome)
                 return
-            route = route_of(req, time.time(), outcome.started_at, outcome.first_token_at)
             result = result_for(
                 req,
                 outcome.status,
