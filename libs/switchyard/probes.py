@@ -16,6 +16,7 @@ than as a probe's timeout): they only read state.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
@@ -37,6 +38,15 @@ class Probes:
         if name in self.checks[probe]:
             raise ValueError(f"{probe} already has a check named {name!r}")
         self.checks[probe][name] = check
+
+    def pending(self, name: str, why: str) -> threading.Event:
+        """A check of startup and readiness that fails with `why` until the returned event
+        is set. Added before the service starts, it closes the gap between connecting
+        and a `main` adding checks of its own."""
+        done = threading.Event()
+        for probe in ("startupz", "readyz"):
+            self.add(probe, name, lambda: None if done.is_set() else why)
+        return done
 
     def answer(self, probe: Probe) -> tuple[bool, dict[str, Any]]:
         """Whether `probe` passes, and the body that says why (or why not)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from typing import Any
 
@@ -72,12 +73,17 @@ async def deliver(bus: Bus, answer: SqlAnswer, reply: str | None) -> bool:
 
 
 async def run_sqlflow(
-    bus: Bus, stop: asyncio.Event, settings: SqlflowSettings, index: KnowledgeIndex | None = None
-) -> None:
+    bus: Bus, stop: asyncio.Event, settings: SqlflowSettings, index: KnowledgeIndex | None = None,
+    built: threading.Event | None = None,
+) -> None:  # fmt: skip
+    """Answer questions until `stop`; set `built` (its probes' `pending` check: opening the
+    index can take tens of seconds) once the pipeline is built."""
     own_index = index is None
     if index is None:
         index = await asyncio.to_thread(open_index, settings.knowledge_index, settings.qdrant_url)
     pipeline = build_pipeline(bus, settings, index)
+    if built is not None:
+        built.set()
     running: dict[str, asyncio.Task[SqlAnswer]] = {}
     tracer = otel.tracer("sqlflow")
 

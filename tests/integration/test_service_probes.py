@@ -5,6 +5,7 @@ not ready while NATS is unreachable, and ready again once it is back."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import urlparse
 
 from switchyard.bus.connection import Bus
@@ -45,3 +46,15 @@ async def test_a_service_is_ready_only_while_connected(
                         what="ready again once NATS is back")  # fmt: skip
     finally:
         await proxy.cut()
+
+
+async def test_sqlflow_is_started_only_once_its_pipeline_is_built(
+    bus: Bus, nats_url: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    env = {"SY_METRICS_PORT": str(port), "SY_KNOWLEDGE_INDEX": str(tmp_path / "index"),
+           "SY_SQL_POLICY_DIR": str(tmp_path / "policies")}  # fmt: skip
+    with service_process("sqlflow", nats_url, **env) as child:
+        await until(lambda: answers(child, port, "startupz", 200), timeout=120, what="started")
+        _, body = await probe(port, "readyz")
+        assert body["checks"] == {"pipeline": "ok", "bus": "ok", "stopping": "ok"}, body

@@ -40,3 +40,16 @@ def test_a_check_name_is_taken_once_per_probe() -> None:
     probes.add("startupz", "bus", lambda: None)  # another probe: fine
     with pytest.raises(ValueError, match="already has a check named 'bus'"):
         probes.add("readyz", "bus", lambda: None)
+
+
+def test_a_pending_check_holds_startup_and_readiness_until_its_event_is_set() -> None:
+    probes = Probes()
+    built = probes.pending("pipeline", "opening the knowledge index")
+    for probe in ("startupz", "readyz"):
+        assert probes.answer(probe) == (
+            False, {"ok": False, "checks": {"pipeline": "opening the knowledge index"}}
+        )  # fmt: skip
+    assert probes.answer("healthz")[0]  # alive while it starts
+    built.set()
+    assert probes.answer("startupz") == (True, {"ok": True, "checks": {"pipeline": "ok"}})
+    assert probes.answer("readyz")[0]

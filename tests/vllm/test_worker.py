@@ -198,8 +198,20 @@ async def test_prefix_cache_hits_show_in_the_workers_metrics(worker: Worker, bus
         await asyncio.sleep(0.5)
     assert hits >= 128, "the worker's /metrics count vLLM's prefix-cache hits"
     for name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running",
-                 "vllm:num_requests_waiting", "sy_worker_partitions"):  # fmt: skip
+                 "vllm:num_requests_waiting", "vllm:num_preemptions_total",
+                 "sy_worker_partitions"):  # fmt: skip
         assert name in after, f"{name} missing from the vLLM worker's /metrics"
+
+
+def test_without_nvml_the_gpu_metrics_are_absent_and_said_once(worker: Worker) -> None:
+    """A CPU machine has no NVML: no `sy_gpu_*` series, one log line, and a worker whose
+    probes pass once its engine answered the warm-up (#40)."""
+    assert not [name for name in worker.metrics() if name.startswith("sy_gpu_")]
+    assert worker.child.output().count("worker.gpu_metrics_off") == 1
+    for probe in ("startupz", "readyz", "healthz"):
+        url = f"http://127.0.0.1:{worker.metrics_port}/{probe}"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            assert r.status == 200, probe
 
 
 async def test_sigterm_drains_what_runs_then_exits_zero(worker: Worker, bus: Bus) -> None:
