@@ -18,15 +18,34 @@ import pytest
 from prometheus_client import REGISTRY, start_http_server
 from typer.testing import CliRunner
 
+from services.worker import metrics as worker_metrics
 from switchyard.bus.connection import Bus
 from switchyard.cli import console
 from switchyard.cli.app import app
 from switchyard.messages.inference import ChatMessage, GenerateRequest, GenerateResult, Sampling
+from switchyard.metrics import TenantLabel
 from switchyard.ports import free_port
 from tests.support.fleet import ask, provision_pool, worker_in_process
 from tests.support.poll import until
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def fresh_tenant_labels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's top-20 tenant labels start empty: in one pytest process the in-process
+    workers of earlier tests have labelled 20 tenants already, and this test's own would
+    then count as `other`, as a real worker's 21st tenant does."""
+    fresh = TenantLabel(
+        20,
+        watched=[
+            worker_metrics.TOKENS_IN,
+            worker_metrics.TOKENS_OUT,
+            worker_metrics.ENGINE_REQUESTS,
+            worker_metrics.GPU_SECONDS,
+        ],
+    )
+    monkeypatch.setattr(worker_metrics, "TENANTS", fresh)
 
 
 def chat(pool: str, tenant: str, text: str, max_tokens: int = 12) -> GenerateRequest:
