@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from services.worker.gpu import FIELDS, GpuReading
 from switchyard.engines.base import EngineStats
-from switchyard.messages.inference import ResultStatus, Route, Workload
+from switchyard.messages.inference import Phase, ResultStatus, Route, Workload
 from switchyard.metrics import LATENCY_BUCKETS, TenantLabel
 
 TTFT = Histogram(
@@ -254,11 +254,11 @@ GPU = GpuExporter()
 REGISTRY.register(GPU)
 
 
-def observe_answer(route: Route, workload: Workload, engine_queue: float | None) -> None:
+def observe_answer(route: Route, workload: Workload, phases: dict[Phase, float]) -> None:
     """An answer's end-to-end latency and phases, under its pool."""
     pool = route.pool
     if route.first_token_at is not None:
         E2E_TTFT.labels(pool, workload).observe(max(0.0, route.first_token_at - route.created_at))
     E2E_DURATION.labels(pool, workload).observe(max(0.0, route.finished_at - route.created_at))
-    for phase, seconds in route.phases(engine_queue).items():
+    for phase, seconds in phases.items():
         PHASES.labels(pool, phase).observe(seconds)

@@ -55,8 +55,8 @@ from switchyard.messages.inference import (
     GenerateRequest,
     KvHandoff,
     ModelledTimings,
+    Phase,
     ResultStatus,
-    Route,
     Timings,
     Usage,
 )
@@ -203,14 +203,15 @@ class Runner:
                 thought=None if outcome.answer is None else outcome.answer.thought,
             )
             metrics.RESULTS.labels(outcome.status).inc()
+            phases = route.phases(outcome.engine_queue)
             if outcome.status == "ok":
-                metrics.observe_answer(route, req.workload, outcome.engine_queue)
+                metrics.observe_answer(route, req.workload, phases)
             if not await answer(self.nc, self.js, result, req.reply, writer):
                 log.info("worker.already_answered", attempt=attempt)
                 return
-            self._log_done(req, outcome, route)
+            self._log_done(req, outcome, phases)
 
-    def _log_done(self, req: GenerateRequest, outcome: Outcome, route: Route) -> None:
+    def _log_done(self, req: GenerateRequest, outcome: Outcome, phases: dict[Phase, float]) -> None:
         """The one line per finished request: what ran, how, and where its time went;
         never its prompt or its answer."""
         model, sampling, usage = self.engine.model, req.sampling, outcome.usage
@@ -225,7 +226,7 @@ class Runner:
             constraint=req.constraint.type, prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
             total=round(outcome.timings.total, 4),
-            phases={k: round(v, 4) for k, v in route.phases(outcome.engine_queue).items()},
+            phases={k: round(v, 4) for k, v in phases.items()},
         )  # fmt: skip
 
     async def _hand_off(self, req: GenerateRequest, outcome: Outcome) -> None:
